@@ -1,0 +1,49 @@
+# GPU Cloud Portal. `make run` for the demo, `make test` for the whole suite.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 8000
+
+.DEFAULT_GOAL := help
+.PHONY: help venv run test lint typecheck migrations-check ci bench e2e clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	@touch $@
+
+venv: $(VENV)/.installed ## Create the virtualenv with every dependency
+
+run: venv ## Set up and start the portal with workers on the embedded default
+	@PORT=$(PORT) bash scripts/run.sh
+
+test: venv ## Run the whole suite on real PostgreSQL, Redis and Chromium
+	@bash scripts/test.sh $(ARGS)
+
+e2e: venv ## Only the browser tests
+	@bash scripts/test.sh tests/e2e $(ARGS)
+
+lint: venv ## ruff (lint and format check)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv ## mypy on the typed packages (strict for scheduler.core)
+	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy portal scheduler billing
+
+migrations-check: venv ## Fail if a model change has no migration
+	DJANGO_SECRET_KEY=check DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
+
+ci: lint migrations-check typecheck test ## Everything CI runs
+
+bench: venv ## Run the benchmarks (see docs/benchmarks.md)
+	$(PY) -m bench.packing
+	$(PY) -m bench.speed
+	$(PY) -m bench.queueing
+
+clean: ## Remove local state (database, broker files); keeps the virtualenv
+	rm -rf var db.sqlite3

@@ -1,0 +1,1 @@
+"""Prices, plans, the usage ledger, budgets, invoices and Stripe."""

@@ -1,0 +1,108 @@
+"""API shapes for tenancy. Unknown fields are refused rather than silently dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from portal.models import ApiToken, Membership, Project, Quota, QuotaModelLimit, Role
+
+
+class StrictSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    """Rejects fields it does not know, so a typo is an error and not a silent default."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Send a JSON object with the fields of this resource."]}
+            )
+        writable = {name for name, field in self.fields.items() if not field.read_only}
+        unknown = sorted(set(data) - writable)
+        if unknown:
+            raise serializers.ValidationError(
+                {
+                    name: [f"Unknown field. Allowed: {', '.join(sorted(writable))}."]
+                    for name in unknown
+                }
+            )
+        return super().to_internal_value(data)
+
+
+class QuotaModelLimitSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    gpu_model: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
+        slug_field="name", read_only=True
+    )
+
+    class Meta:
+        model = QuotaModelLimit
+        fields = ["gpu_model", "max_gpus"]
+
+
+class QuotaSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    per_model = QuotaModelLimitSerializer(source="model_limits", many=True, read_only=True)
+    max_priority = serializers.CharField(source="get_max_priority_display", read_only=True)
+
+    class Meta:
+        model = Quota
+        fields = [
+            "max_gpus",
+            "per_model",
+            "gpu_hours_per_month",
+            "max_gpus_per_job",
+            "max_priority",
+            "allow_borrowing",
+        ]
+
+
+class ProjectSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    class Meta:
+        model = Project
+        fields = ["slug", "name", "description", "created_at"]
+
+
+class ProjectDetailSerializer(ProjectSerializer):
+    quota = QuotaSerializer(read_only=True)
+    role = serializers.SerializerMethodField()
+
+    class Meta(ProjectSerializer.Meta):
+        fields = [*ProjectSerializer.Meta.fields, "quota", "role"]
+
+    def get_role(self, obj: Project) -> str | None:
+        role: str | None = self.context.get("role")
+        return role
+
+
+class MembershipSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    email = serializers.EmailField(source="user.email", read_only=True)
+    name = serializers.CharField(source="user.full_name", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "email", "name", "role", "created_at"]
+
+
+class MembershipCreateSerializer(StrictSerializer):
+    email = serializers.EmailField(max_length=254)
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class MembershipUpdateSerializer(StrictSerializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+
+class ApiTokenCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=100)
+
+
+class IssuedTokenSerializer(ApiTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]

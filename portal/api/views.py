@@ -1,0 +1,131 @@
+"""Tenancy API: projects, members and personal tokens. Thin: parse, call, serialize."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal import selectors, services
+from portal.api.serializers import (
+    ApiTokenCreateSerializer,
+    ApiTokenSerializer,
+    IssuedTokenSerializer,
+    MembershipCreateSerializer,
+    MembershipSerializer,
+    MembershipUpdateSerializer,
+    ProjectDetailSerializer,
+    ProjectSerializer,
+)
+from portal.models import ApiToken, Membership, Project, Role
+
+
+class ProjectViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
+    lookup_field = "slug"
+    lookup_value_regex = r"[a-z0-9-]+"
+
+    def get_queryset(self) -> QuerySet[Project]:
+        return selectors.project_list_visible_to(user=self.request.user)  # type: ignore[arg-type]
+
+    def get_serializer_class(self) -> type:
+        return ProjectDetailSerializer if self.action == "retrieve" else ProjectSerializer
+
+    def retrieve(self, request: Request, slug: str | None = None) -> Response:
+        project = selectors.project_with_quota(user=request.user, slug=slug or "")  # type: ignore[arg-type]
+        role = selectors.project_role_of(user=request.user, project=project)  # type: ignore[arg-type]
+        return Response(ProjectDetailSerializer(project, context={"role": role}).data)
+
+
+class MembershipViewSet(
+    mixins.ListModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Members of one project. Everyone in the project reads; owners change."""
+
+    serializer_class = MembershipSerializer
+    lookup_value_regex = r"\d+"
+    http_method_names = ["get", "post", "patch", "delete"]
+
+    def _project(self) -> Project:
+        return selectors.project_get_visible(
+            user=self.request.user,  # type: ignore[arg-type]
+            slug=self.kwargs["project_slug"],
+        )
+
+    def get_queryset(self) -> QuerySet[Membership]:
+        return selectors.membership_list(project=self._project())
+
+    @extend_schema(request=MembershipCreateSerializer, responses=MembershipSerializer)
+    def create(self, request: Request, project_slug: str) -> Response:
+        body = MembershipCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        membership = services.membership_add(
+            actor=request.user,  # type: ignore[arg-type]
+            project=self._project(),
+            email=body.validated_data["email"],
+            role=body.validated_data.get("role", Role.MEMBER),
+        )
+        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=MembershipUpdateSerializer, responses=MembershipSerializer)
+    def partial_update(self, request: Request, project_slug: str, pk: str) -> Response:
+        body = MembershipUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        membership = services.membership_change_role(
+            actor=request.user,  # type: ignore[arg-type]
+            project=self._project(),
+            membership_id=int(pk),
+            role=body.validated_data["role"],
+        )
+        return Response(MembershipSerializer(membership).data)
+
+    def update(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return self.partial_update(request, *args, **kwargs)  # type: ignore[arg-type]
+
+    def destroy(self, request: Request, project_slug: str, pk: str) -> Response:
+        services.membership_remove(
+            actor=request.user,  # type: ignore[arg-type]
+            project=self._project(),
+            membership_id=int(pk),
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ApiTokenViewSet(
+    mixins.ListModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Your personal API tokens. The secret appears only in the response that creates it."""
+
+    serializer_class = ApiTokenSerializer
+    lookup_value_regex = r"\d+"
+
+    def get_queryset(self) -> QuerySet[ApiToken]:
+        return selectors.token_list_of(user=self.request.user)  # type: ignore[arg-type]
+
+    @extend_schema(request=ApiTokenCreateSerializer, responses={201: IssuedTokenSerializer})
+    def create(self, request: Request) -> Response:
+        body = ApiTokenCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        issued = services.token_create(user=request.user, name=body.validated_data["name"])  # type: ignore[arg-type]
+        data = dict(ApiTokenSerializer(issued.token).data)
+        data["token"] = issued.secret
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.token_revoke(user=request.user, token_id=int(pk))  # type: ignore[arg-type]
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=ApiTokenSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        token = services.token_revoke(user=request.user, token_id=int(pk))  # type: ignore[arg-type]
+        return Response(ApiTokenSerializer(token).data)

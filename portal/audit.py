@@ -1,0 +1,30 @@
+"""Audit trail: one event for every state change, written in the caller's transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+from portal.models import AuditEvent, Project, User
+
+
+def audit_record(
+    *,
+    actor: User | None,
+    action: str,
+    target: models.Model | None = None,
+    project: Project | None = None,
+    data: dict[str, Any] | None = None,
+    remote_addr: str | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        actor=actor if actor is not None and actor.pk else None,
+        actor_label=str(actor) if actor is not None else "system",
+        action=action,
+        project=project,
+        target_type=target._meta.label_lower if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        data=data or {},
+        remote_addr=remote_addr,
+    )

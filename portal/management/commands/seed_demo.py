@@ -1,0 +1,97 @@
+"""Seed the catalog, a small simulated fleet, an operator and a researcher with two projects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from portal.models import Membership, Project, QuotaModelLimit, Role, User
+from portal.services import project_create
+from scheduler.models import Gpu, GpuModel, Pool
+from scheduler.services import catalog_seed, node_register_simulated
+
+DEMO_USERS = {
+    "operator": ("operator@gpucloud.example", "operator-demo-pass", "Olga Operator", True),
+    "researcher": (
+        "researcher@gpucloud.example",
+        "researcher-demo-pass",
+        "Rafael Researcher",
+        False,
+    ),
+    "colleague": ("colleague@gpucloud.example", "colleague-demo-pass", "Chen Colleague", False),
+}
+
+DEMO_FLEET = [
+    # name, model, gpus, sharing, oversubscription
+    ("sim-h100-01", "H100-80GB-SXM", 8, Gpu.SharingMode.EXCLUSIVE, 1),
+    ("sim-h100-02", "H100-80GB-SXM", 8, Gpu.SharingMode.EXCLUSIVE, 1),
+    ("sim-a100-01", "A100-80GB", 4, Gpu.SharingMode.EXCLUSIVE, 1),
+    ("sim-l40s-01", "L40S", 4, Gpu.SharingMode.MPS, 1),
+    ("sim-l4-01", "L4", 4, Gpu.SharingMode.TIME_SLICE, 2),
+    ("sim-t4-01", "T4", 4, Gpu.SharingMode.TIME_SLICE, 2),
+]
+
+
+class Command(BaseCommand):
+    help = "Seed demo data (idempotent): catalog, simulated fleet, demo accounts and projects."
+
+    @transaction.atomic
+    def handle(self, *args: Any, **options: Any) -> None:
+        created = catalog_seed()
+        users = {}
+        for key, (email, password, name, staff) in DEMO_USERS.items():
+            user = User.objects.filter(email=email).first()
+            if user is None:
+                user = User.objects.create_user(
+                    email, password, full_name=name, is_staff=staff, is_superuser=staff
+                )
+            users[key] = user
+
+        pool, _ = Pool.objects.get_or_create(
+            name="default", defaults={"description": "Simulated demo fleet"}
+        )
+        for name, model_name, count, sharing, factor in DEMO_FLEET:
+            node_register_simulated(
+                name=name,
+                pool=pool,
+                gpu_model=GpuModel.objects.get(name=model_name),
+                gpu_count=count,
+                cpu_milli=count * 16_000,
+                memory_mib=count * 128 * 1024,
+                sharing_mode=sharing,
+                oversubscription=factor,
+            )
+
+        researcher, colleague = users["researcher"], users["colleague"]
+        if not Project.objects.filter(slug="vision-lab").exists():
+            vision = project_create(
+                owner=researcher,
+                slug="vision-lab",
+                name="Vision Lab",
+                description="Image models: training on H100s, inference experiments on L4s.",
+            )
+            vision.quota.max_gpus = 16
+            vision.quota.gpu_hours_per_month = 2000
+            vision.quota.save()
+            QuotaModelLimit.objects.create(
+                quota=vision.quota, gpu_model=GpuModel.objects.get(name="H100-80GB-SXM"), max_gpus=8
+            )
+            Membership.objects.create(project=vision, user=colleague, role=Role.MEMBER)
+        if not Project.objects.filter(slug="nlp-lab").exists():
+            nlp = project_create(
+                owner=colleague,
+                slug="nlp-lab",
+                name="NLP Lab",
+                description="Language model fine-tuning.",
+            )
+            nlp.quota.max_gpus = 8
+            nlp.quota.gpu_hours_per_month = 500
+            nlp.quota.save()
+            Membership.objects.create(project=nlp, user=researcher, role=Role.MEMBER)
+
+        self.stdout.write(self.style.SUCCESS(f"Demo data ready ({created} GPU models added)."))
+        for key, (email, password, _, staff) in DEMO_USERS.items():
+            kind = "operator, staff" if staff else "researcher"
+            self.stdout.write(f"  {key:<10} {email:<32} password: {password}  ({kind})")

@@ -1,0 +1,209 @@
+"""Tenancy: users (email login), projects, memberships and roles, API tokens, quotas, audit."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, BaseUserManager, PermissionsMixin
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+
+class UserManager(BaseUserManager["User"]):
+    use_in_migrations = True
+
+    def create_user(self, email: str, password: str | None = None, **extra: Any) -> User:
+        if not email:
+            raise ValueError("An email address is required.")
+        user = self.model(email=self.normalize_email(email).lower(), **extra)
+        user.set_password(password)
+        user.save(using=self._db)
+        return user
+
+    def create_superuser(self, email: str, password: str | None = None, **extra: Any) -> User:
+        extra.setdefault("is_staff", True)
+        extra.setdefault("is_superuser", True)
+        return self.create_user(email, password, **extra)
+
+
+class User(AbstractBaseUser, PermissionsMixin):
+    """A person. Logs in with email and password; `is_staff` marks an operator."""
+
+    email = models.EmailField(unique=True, max_length=254)
+    full_name = models.CharField(max_length=150, blank=True)
+    is_active = models.BooleanField(default=True)
+    is_staff = models.BooleanField(default=False, help_text="Operators: may use the admin.")
+    date_joined = models.DateTimeField(default=timezone.now)
+
+    objects = UserManager()
+
+    USERNAME_FIELD = "email"
+    EMAIL_FIELD = "email"
+    REQUIRED_FIELDS: ClassVar[list[str]] = []
+
+    class Meta:
+        ordering = ["email"]
+
+    def __str__(self) -> str:
+        return self.email
+
+    @property
+    def display_name(self) -> str:
+        return self.full_name or self.email
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "Owner"
+    MEMBER = "member", "Member"
+    VIEWER = "viewer", "Viewer"
+
+
+class PriorityClass(models.IntegerChoices):
+    """Scheduling priority; a project's quota caps the highest class its jobs may ask for."""
+
+    LOW = 0, "Low"
+    NORMAL = 1, "Normal"
+    HIGH = 2, "High"
+    URGENT = 3, "Urgent"
+
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
+    "Use 1-50 lowercase letters, digits and hyphens, not starting or ending with a hyphen.",
+)
+
+
+class Project(models.Model):
+    """The tenant: jobs, quotas, budgets and invoices belong to a project."""
+
+    slug = models.SlugField(max_length=50, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True, max_length=2000)
+    created_at = models.DateTimeField(auto_now_add=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, through="Membership", related_name="projects"
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["project", "user__email"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "user"],
+                name="membership_unique_user_per_project",
+                violation_error_message="This person is already a member of the project.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+
+class Quota(models.Model):
+    """A project's limits. Null means unlimited. Enforced when jobs are admitted."""
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="quota")
+    max_gpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Concurrent GPUs across all models (blank: unlimited)."
+    )
+    gpu_hours_per_month = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPU-hours per calendar month (blank: unlimited)."
+    )
+    max_gpus_per_job = models.PositiveIntegerField(
+        default=8, validators=[MinValueValidator(1), MaxValueValidator(4096)]
+    )
+    max_priority = models.PositiveSmallIntegerField(
+        choices=PriorityClass.choices, default=PriorityClass.NORMAL
+    )
+    allow_borrowing = models.BooleanField(
+        default=True, help_text="Over-quota work may run as preemptible when GPUs are idle."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"Quota of {self.project}"
+
+
+class QuotaModelLimit(models.Model):
+    """Concurrent GPUs of one model a project may hold."""
+
+    quota = models.ForeignKey(Quota, on_delete=models.CASCADE, related_name="model_limits")
+    gpu_model = models.ForeignKey("scheduler.GpuModel", on_delete=models.CASCADE)
+    max_gpus = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["quota", "gpu_model"],
+                name="quota_model_limit_unique",
+                violation_error_message="This GPU model already has a limit in this quota.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model}: {self.max_gpus}"
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only its SHA-256 is stored; the secret is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, db_index=True, help_text="Shown to tell tokens apart.")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class AuditEvent(models.Model):
+    """Who changed what, when, from where. Written by services; never edited."""
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    actor_label = models.CharField(max_length=254, blank=True, help_text="Who, kept if deleted.")
+    action = models.CharField(max_length=64, db_index=True)
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["target_type", "target_id"], name="audit_target_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor_label} {self.action}"

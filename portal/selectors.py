@@ -1,0 +1,51 @@
+"""Reads scoped to what a user may see. Every view and endpoint goes through these."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch, QuerySet
+
+from portal.errors import NotFound
+from portal.models import ApiToken, Membership, Project, Role, User
+
+
+def project_list_visible_to(*, user: User) -> QuerySet[Project]:
+    """Projects the user is a member of; operators (staff) see every project."""
+    qs = Project.objects.all()
+    if not user.is_staff:
+        qs = qs.filter(memberships__user=user)
+    return qs.order_by("name").distinct()
+
+
+def project_get_visible(*, user: User, slug: str) -> Project:
+    """One visible project, or NotFound: another tenant's project looks like no project."""
+    project = project_list_visible_to(user=user).filter(slug=slug).first()
+    if project is None:
+        raise NotFound("No such project.")
+    return project
+
+
+def project_role_of(*, user: User, project: Project) -> str | None:
+    """The user's role in the project, or None. Staff who are not members act as viewers."""
+    role = (
+        Membership.objects.filter(project=project, user=user).values_list("role", flat=True).first()
+    )
+    if role is None and user.is_staff:
+        return Role.VIEWER
+    return role
+
+
+def membership_list(*, project: Project) -> QuerySet[Membership]:
+    return Membership.objects.filter(project=project).select_related("user").order_by("user__email")
+
+
+def project_with_quota(*, user: User, slug: str) -> Project:
+    project = project_get_visible(user=user, slug=slug)
+    return (
+        Project.objects.select_related("quota")
+        .prefetch_related(Prefetch("quota__model_limits"))
+        .get(pk=project.pk)
+    )
+
+
+def token_list_of(*, user: User) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(user=user).order_by("-created_at")

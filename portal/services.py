@@ -1,0 +1,174 @@
+"""Writes for tenancy: projects, memberships, roles, tokens and quotas. Each one is audited."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from portal.audit import audit_record
+from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
+from portal.models import ApiToken, Membership, Project, Quota, Role, User
+from portal.selectors import project_role_of
+
+TOKEN_PREFIX = "gpc_"
+
+
+def require_role(*, user: User, project: Project, roles: tuple[str, ...]) -> str:
+    """The user's role if it is one of `roles`, else PermissionDenied."""
+    role = project_role_of(user=user, project=project)
+    if role is None:
+        raise NotFound("No such project.")
+    if role not in roles:
+        raise PermissionDenied(
+            f"Your role in {project.name} is {role}; this needs {' or '.join(roles)}."
+        )
+    return role
+
+
+@transaction.atomic
+def project_create(*, owner: User, slug: str, name: str, description: str = "") -> Project:
+    if Project.objects.filter(slug=slug).exists():
+        raise Conflict(f"A project with the slug '{slug}' already exists.", code="slug_taken")
+    project = Project.objects.create(slug=slug, name=name, description=description)
+    Quota.objects.create(project=project)
+    Membership.objects.create(project=project, user=owner, role=Role.OWNER)
+    audit_record(actor=owner, action="project.create", target=project, project=project)
+    return project
+
+
+def _owner_count(project: Project) -> int:
+    return Membership.objects.filter(project=project, role=Role.OWNER).count()
+
+
+@transaction.atomic
+def membership_add(*, actor: User, project: Project, email: str, role: str) -> Membership:
+    require_role(user=actor, project=project, roles=(Role.OWNER,))
+    if role not in Role.values:
+        raise DomainError(
+            f"Unknown role '{role}'. Use one of: {', '.join(Role.values)}.", field="role"
+        )
+    user = User.objects.filter(email__iexact=email.strip()).first()
+    if user is None:
+        raise DomainError(f"No user with the email {email} exists.", field="email")
+    try:
+        with transaction.atomic():
+            membership = Membership.objects.create(project=project, user=user, role=role)
+    except IntegrityError:
+        raise Conflict(f"{user.email} is already a member of {project.name}.") from None
+    audit_record(
+        actor=actor,
+        action="membership.add",
+        target=membership,
+        project=project,
+        data={"user": user.email, "role": role},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_change_role(
+    *, actor: User, project: Project, membership_id: int, role: str
+) -> Membership:
+    require_role(user=actor, project=project, roles=(Role.OWNER,))
+    if role not in Role.values:
+        raise DomainError(
+            f"Unknown role '{role}'. Use one of: {', '.join(Role.values)}.", field="role"
+        )
+    membership = (
+        Membership.objects.select_for_update().filter(project=project, pk=membership_id).first()
+    )
+    if membership is None:
+        raise NotFound("No such member in this project.")
+    old = membership.role
+    if old == Role.OWNER and role != Role.OWNER and _owner_count(project) <= 1:
+        raise Conflict("A project needs at least one owner; make someone else owner first.")
+    membership.role = role
+    membership.save(update_fields=["role"])
+    audit_record(
+        actor=actor,
+        action="membership.role_change",
+        target=membership,
+        project=project,
+        data={"user": membership.user.email, "from": old, "to": role},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: User, project: Project, membership_id: int) -> None:
+    require_role(user=actor, project=project, roles=(Role.OWNER,))
+    membership = (
+        Membership.objects.select_for_update()
+        .select_related("user")
+        .filter(project=project, pk=membership_id)
+        .first()
+    )
+    if membership is None:
+        raise NotFound("No such member in this project.")
+    if membership.role == Role.OWNER and _owner_count(project) <= 1:
+        raise Conflict("You cannot remove the last owner of a project.")
+    audit_record(
+        actor=actor,
+        action="membership.remove",
+        target=membership,
+        project=project,
+        data={"user": membership.user.email, "role": membership.role},
+    )
+    membership.delete()
+
+
+def token_hash(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: ApiToken
+    secret: str  # shown to the user once, never stored
+
+
+@transaction.atomic
+def token_create(*, user: User, name: str) -> IssuedToken:
+    name = name.strip()
+    if not name:
+        raise DomainError("Give the token a name, e.g. 'laptop' or 'ci'.", field="name")
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(
+        user=user, name=name, prefix=secret[: len(TOKEN_PREFIX) + 6], token_hash=token_hash(secret)
+    )
+    audit_record(actor=user, action="token.create", target=token, data={"name": name})
+    return IssuedToken(token=token, secret=secret)
+
+
+@transaction.atomic
+def token_revoke(*, user: User, token_id: int) -> ApiToken:
+    token = ApiToken.objects.select_for_update().filter(user=user, pk=token_id).first()
+    if token is None:
+        raise NotFound("No such token.")
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_record(actor=user, action="token.revoke", target=token, data={"name": token.name})
+    return token
+
+
+def token_authenticate(*, raw: str) -> User | None:
+    """The active user behind a bearer token, recording when it was last used."""
+    if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
+        return None
+    token = (
+        ApiToken.objects.select_related("user")
+        .filter(token_hash=token_hash(raw), revoked_at__isnull=True)
+        .first()
+    )
+    if token is None or not token.user.is_active:
+        return None
+    now = timezone.now()
+    # Write at most once a minute: a busy client should not turn reads into writes.
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user

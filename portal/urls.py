@@ -1,0 +1,40 @@
+"""URL root: pages, the admin, the API and its schema and docs."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from portal import views
+from portal.forms import EmailLoginForm
+from scheduler import views as scheduler_views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(authentication_form=EmailLoginForm),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("projects/<slug:slug>/", views.project_detail, name="project-detail"),
+    path("projects/<slug:slug>/members/add/", views.member_add, name="member-add"),
+    path(
+        "projects/<slug:slug>/members/<int:membership_id>/role/",
+        views.member_role,
+        name="member-role",
+    ),
+    path(
+        "projects/<slug:slug>/members/<int:membership_id>/remove/",
+        views.member_remove,
+        name="member-remove",
+    ),
+    path("tokens/", views.token_list, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
+    path("gpus/", scheduler_views.catalog, name="catalog"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("portal.api.urls")),
+    path("api/v1/", include("scheduler.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+]

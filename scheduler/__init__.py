@@ -1,0 +1,1 @@
+"""GPU catalog, inventory, jobs and the scheduling cycle; `scheduler.core` is the pure planner."""

@@ -1,0 +1,206 @@
+"""Immutable values the scheduler decides against.
+
+Units: GPU shares in milli-GPU (1000 = one whole GPU), memory in MiB, CPU in milli-cores,
+time in seconds (POSIX timestamps for instants). Mappings default to empty dicts; treat every
+value as read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+MILLI = 1000
+SHARING_MODES = frozenset({"exclusive", "time_slice", "mps", "mig"})
+# Sharing modes that accept fractional (milli-GPU) shares; exclusive and MIG devices are
+# handed out whole (a MIG instance is reported as its own GpuView).
+FRACTIONAL_SHARING = frozenset({"time_slice", "mps"})
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def _empty_str_map() -> Mapping[str, str]:
+    return _EMPTY
+
+
+def _empty_int_map() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU device as the scheduler sees it."""
+
+    gpu_id: int
+    index: int
+    model: str
+    memory_mib: int
+    capacity_milli: int  # 1000 × oversubscription factor
+    used_milli: int
+    used_memory_mib: int
+    sharing: str = "exclusive"
+    healthy: bool = True
+
+    @property
+    def free_milli(self) -> int:
+        return max(0, self.capacity_milli - self.used_milli)
+
+    @property
+    def free_memory_mib(self) -> int:
+        return max(0, self.memory_mib - self.used_memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A host: its GPUs and what is left of its CPU and memory."""
+
+    node_id: int
+    name: str
+    pool: str
+    gpus: tuple[GpuView, ...]
+    cpu_milli_free: int
+    memory_mib_free: int
+    labels: Mapping[str, str] = field(default_factory=_empty_str_map)
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A slice of one GPU held by a job."""
+
+    node_id: int
+    gpu_id: int
+    milli: int
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningWork:
+    """A job that currently holds GPU shares.
+
+    `cpu_milli` and `memory_mib` are the job's totals, held on its nodes in proportion to its
+    GPUs there (released when it is preempted or shrunk). `borrowed` marks over-quota or
+    reserved-capacity borrowing: such work may be reclaimed regardless of priority.
+    """
+
+    job_id: int
+    project: str
+    priority: int
+    preemptible: bool
+    started_at: float
+    min_runtime_s: int
+    runtime_estimate_s: int | None
+    shares: tuple[Share, ...]
+    elastic_min: int | None = None
+    elastic_max: int | None = None
+    borrowed: bool = False
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def gpu_count(self) -> int:
+        return len({(s.node_id, s.gpu_id) for s in self.shares})
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return sum(s.milli for s in self.shares)
+
+    def expected_end(self) -> float | None:
+        if self.runtime_estimate_s is None:
+            return None
+        return self.started_at + self.runtime_estimate_s
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """What a user asked for.
+
+    - Whole GPUs: ``gpus >= 1`` and ``gpu_milli == 1000``.
+    - A fraction of one GPU: ``gpus == 1`` and ``gpu_milli < 1000``, with ``gpu_memory_mib`` as
+      the GPU memory limit of the fraction.
+    - Gang on a fixed layout: ``nodes`` × ``gpus_per_node`` (``gpus`` is then ignored).
+    - Otherwise ``gpus`` whole GPUs on one node if possible, else spread over as many nodes as
+      needed (all or nothing).
+    - ``cpu_milli``/``memory_mib`` are totals, split across nodes in proportion to GPUs.
+    - ``elastic_min``/``elastic_max``: the job may start with fewer GPUs (down to min) and grow
+      to max when GPUs are idle.
+    - ``preempted_by``: jobs that recently preempted this one; it is never placed by
+      preempting them (no preemption loops).
+    """
+
+    job_id: int
+    project: str
+    submitted_at: float
+    gpus: int = 1
+    gpu_milli: int = MILLI
+    gpu_memory_mib: int = 0
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    models: frozenset[str] = frozenset()
+    min_gpu_memory_mib: int = 0
+    precisions: frozenset[str] = frozenset()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    priority: int = 0
+    preemptible: bool = False
+    runtime_estimate_s: int | None = None
+    elastic_min: int | None = None
+    elastic_max: int | None = None
+    pool: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=_empty_str_map)
+    preempted_by: frozenset[int] = frozenset()
+
+    @property
+    def is_fraction(self) -> bool:
+        return self.gpu_milli < MILLI
+
+    @property
+    def total_gpus(self) -> int:
+        if self.nodes is not None and self.gpus_per_node is not None:
+            return self.nodes * self.gpus_per_node
+        return self.gpus
+
+    @property
+    def gpu_milli_total(self) -> int:
+        """GPU demand in milli-GPU (what quotas count)."""
+        if self.is_fraction:
+            return self.gpu_milli
+        return self.total_gpus * MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectQuota:
+    """Per-project limits. ``None`` means unlimited; GPUs are counted in whole-GPU units
+    (a fraction counts as its share)."""
+
+    max_gpus: int | None = None
+    max_gpus_per_model: Mapping[str, int] = field(default_factory=_empty_int_map)
+    allow_borrowing: bool = False
+    budget_exhausted: bool = False
+    reserved: Mapping[str, int] = field(default_factory=_empty_int_map)
+    weight: float = 1.0
+    decayed_usage: float = 0.0  # GPU-hours, decayed; used by fair share
+
+
+@dataclass(frozen=True, slots=True)
+class TaskShape:
+    """A typical task shape with its popularity (for fragmentation-aware scorers)."""
+
+    cpu_milli: int
+    gpu_milli: int  # per GPU; 0 for CPU-only tasks
+    gpus: int
+    models: frozenset[str] = frozenset()
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything `plan` needs to know about the cluster at one instant."""
+
+    nodes: tuple[NodeView, ...]
+    running: tuple[RunningWork, ...] = ()
+    quotas: Mapping[str, ProjectQuota] = field(default_factory=lambda: MappingProxyType({}))
+    model_precisions: Mapping[str, frozenset[str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )

@@ -1,0 +1,72 @@
+"""Writes for the catalog and the fleet."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import transaction
+
+from portal.audit import audit_record
+from portal.models import User
+from scheduler.catalog import GPU_CATALOG
+from scheduler.models import Gpu, GpuModel, Node, Pool
+
+
+@transaction.atomic
+def catalog_seed(*, actor: User | None = None) -> int:
+    """Create catalog entries that are missing; never overwrite edited specs or prices."""
+    created = 0
+    for spec in GPU_CATALOG:
+        _, was_created = GpuModel.objects.get_or_create(name=spec["name"], defaults=spec)
+        created += was_created
+    if created:
+        audit_record(actor=actor, action="catalog.seed", data={"created": created})
+    return created
+
+
+@transaction.atomic
+def node_register_simulated(
+    *,
+    name: str,
+    pool: Pool,
+    gpu_model: GpuModel,
+    gpu_count: int,
+    cpu_milli: int,
+    memory_mib: int,
+    sharing_mode: str = Gpu.SharingMode.EXCLUSIVE,
+    oversubscription: int = 1,
+    actor: User | None = None,
+) -> Node:
+    """A simulated node with `gpu_count` GPUs of one model, ready for work."""
+    node, created = Node.objects.get_or_create(
+        name=name,
+        defaults={
+            "pool": pool,
+            "provider": Node.Provider.SIMULATED,
+            "state": Node.State.READY,
+            "cpu_milli": cpu_milli,
+            "memory_mib": memory_mib,
+            "labels": {"gpu.model": gpu_model.name},
+        },
+    )
+    if not created:
+        return node
+    Gpu.objects.bulk_create(
+        Gpu(
+            node=node,
+            index=i,
+            uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}-{i}')}",
+            model=gpu_model,
+            memory_mib=gpu_model.memory_mib,
+            sharing_mode=sharing_mode,
+            oversubscription=oversubscription,
+        )
+        for i in range(gpu_count)
+    )
+    audit_record(
+        actor=actor,
+        action="node.register",
+        target=node,
+        data={"gpus": gpu_count, "model": gpu_model.name, "provider": "simulated"},
+    )
+    return node

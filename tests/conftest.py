@@ -1,0 +1,61 @@
+"""Shared fixtures: people, projects with roles, API clients."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+from rest_framework.test import APIClient
+
+from portal.models import Membership, Project, Role, User
+from portal.services import project_create
+
+_seq = itertools.count(1)
+
+
+@pytest.fixture
+def make_user(db: None) -> Callable[..., User]:
+    def make(email: str | None = None, *, staff: bool = False, password: str = "pw-123456") -> User:
+        email = email or f"user{next(_seq)}@example.org"
+        return User.objects.create_user(email, password, is_staff=staff)
+
+    return make
+
+
+@pytest.fixture
+def make_project(make_user: Callable[..., User]) -> Callable[..., Project]:
+    def make(slug: str | None = None, *, owner: User | None = None) -> Project:
+        slug = slug or f"proj-{next(_seq)}"
+        return project_create(owner=owner or make_user(), slug=slug, name=slug.title())
+
+    return make
+
+
+@pytest.fixture
+def team(make_user: Callable[..., User], make_project: Callable[..., Project]) -> dict[str, object]:
+    """Project A with an owner, a member and a viewer; project B with its own owner."""
+    owner, member, viewer, outsider = (make_user() for _ in range(4))
+    a = make_project("alpha", owner=owner)
+    Membership.objects.create(project=a, user=member, role=Role.MEMBER)
+    Membership.objects.create(project=a, user=viewer, role=Role.VIEWER)
+    b = make_project("beta", owner=outsider)
+    return {
+        "a": a,
+        "b": b,
+        "owner": owner,
+        "member": member,
+        "viewer": viewer,
+        "outsider": outsider,
+    }
+
+
+@pytest.fixture
+def api() -> Callable[[User | None], APIClient]:
+    def client_for(user: User | None = None) -> APIClient:
+        client = APIClient()
+        if user is not None:
+            client.force_authenticate(user)
+        return client
+
+    return client_for
