@@ -35,6 +35,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),
     path("api/v1/", include("scheduler.api.urls")),
+    path("api/agent/v1/", include("scheduler.agent_api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

@@ -97,6 +97,12 @@ class Node(models.Model):
 
     name = models.CharField(max_length=63, unique=True)
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
+    agent_token_hash = models.CharField(
+        max_length=64, blank=True, db_index=True, help_text="SHA-256 of the node's agent token."
+    )
+    fenced = models.BooleanField(
+        default=False, help_text="Came back after being lost: must stop its old work first."
+    )
     provider = models.CharField(max_length=16, choices=Provider.choices, default=Provider.SIMULATED)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PROVISIONING)
     labels = models.JSONField(default=dict, blank=True)
@@ -166,3 +172,234 @@ class Gpu(models.Model):
     def capacity_milli(self) -> int:
         exclusive = self.sharing_mode == self.SharingMode.EXCLUSIVE
         return 1000 if exclusive else 1000 * self.oversubscription
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    QUEUED = "queued", "Queued"
+    SCHEDULED = "scheduled", "Scheduled"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    PREEMPTING = "preempting", "Preempting"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    REJECTED = "rejected", "Rejected"
+    LOST = "lost", "Lost"
+
+
+ACTIVE_STATES = (
+    JobState.SCHEDULED,
+    JobState.STARTING,
+    JobState.RUNNING,
+    JobState.PREEMPTING,
+)
+TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
+
+
+class Job(models.Model):
+    """What a researcher asked for, and where it stands."""
+
+    class Source(models.TextChoices):
+        FORM = "form", "Web form"
+        API = "api", "API"
+        MANIFEST = "manifest", "Kubernetes manifest"
+
+    project = models.ForeignKey("portal.Project", on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(
+        "portal.User", on_delete=models.PROTECT, related_name="submitted_jobs"
+    )
+    name = models.CharField(max_length=100)
+    state = models.CharField(
+        max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True
+    )
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.API)
+
+    # What to run
+    command = models.TextField(max_length=10_000)
+    image = models.CharField(max_length=300, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    working_dir = models.CharField(max_length=500, blank=True)
+    checkpoint_dir = models.CharField(max_length=500, blank=True)
+
+    # What it needs
+    gpus = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    gpu_milli = models.PositiveIntegerField(
+        default=1000,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="Share of each GPU in milli-GPU; below 1000 only for a single GPU.",
+    )
+    gpu_memory_mib = models.PositiveIntegerField(
+        default=0, help_text="GPU memory limit of a fractional share (MPS)."
+    )
+    gpu_model = models.ForeignKey(
+        GpuModel, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
+    min_gpu_memory_gb = models.PositiveIntegerField(default=0)
+    precisions = models.JSONField(default=list, blank=True)
+    nodes = models.PositiveIntegerField(null=True, blank=True, help_text="Gang: exact node count.")
+    gpus_per_node = models.PositiveIntegerField(null=True, blank=True)
+    cpu_milli = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveIntegerField(default=0)
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT)
+
+    # How to treat it
+    priority = models.PositiveSmallIntegerField(default=1)
+    preemptible = models.BooleanField(default=False)
+    borrowed = models.BooleanField(
+        default=False, help_text="Admitted over quota: runs only as preemptible work."
+    )
+    runtime_estimate_s = models.PositiveIntegerField(null=True, blank=True)
+    min_runtime_s = models.PositiveIntegerField(
+        default=300, help_text="Not preempted within this long after starting."
+    )
+    grace_seconds = models.PositiveIntegerField(default=30)
+    max_restarts = models.PositiveSmallIntegerField(default=0)
+    restarts = models.PositiveSmallIntegerField(default=0)
+    elastic_min = models.PositiveIntegerField(null=True, blank=True)
+    elastic_max = models.PositiveIntegerField(null=True, blank=True)
+    array_parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="shards"
+    )
+    shard_index = models.PositiveIntegerField(null=True, blank=True)
+    shard_count = models.PositiveIntegerField(null=True, blank=True)
+
+    # Where it stands
+    attempt = models.PositiveIntegerField(default=0, help_text="Increments at every placement.")
+    pending_reason = models.CharField(max_length=32, blank=True)
+    pending_message = models.CharField(max_length=500, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.CharField(max_length=500, blank=True)
+    resume = models.BooleanField(default=False, help_text="Next start resumes from checkpoint.")
+    preempt_deadline = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["project", "state"], name="job_project_state_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(gpu_milli=1000) | models.Q(gpus=1),
+                name="job_fraction_single_gpu",
+                violation_error_message="A fraction of a GPU is only possible for one GPU.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def gpu_count(self) -> int:
+        """Whole GPUs the job occupies (a fraction counts as one device)."""
+        if self.nodes and self.gpus_per_node:
+            return self.nodes * self.gpus_per_node
+        return self.gpus
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        return self.gpu_count * self.gpu_milli
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class JobEvent(models.Model):
+    """One state transition (or notable fact) of a job: who, when, why."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    actor = models.ForeignKey("portal.User", null=True, blank=True, on_delete=models.SET_NULL)
+    actor_label = models.CharField(max_length=100)
+    reason = models.CharField(max_length=500)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_state}→{self.to_state} ({self.reason})"
+
+
+class Allocation(models.Model):
+    """A job's share of one GPU over an interval. Active while `ended_at` is null."""
+
+    class EndReason(models.TextChoices):
+        COMPLETED = "completed", "Job ended"
+        CANCELLED = "cancelled", "Cancelled"
+        PREEMPTED = "preempted", "Preempted"
+        NODE_LOST = "node_lost", "Node lost"
+        GPU_FAULT = "gpu_fault", "GPU fault"
+        FAILED = "failed", "Job failed"
+
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    attempt = models.PositiveIntegerField()
+    share_milli = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    memory_mib = models.PositiveIntegerField(default=0)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    borrowed = models.BooleanField(default=False)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
+
+    class Meta:
+        ordering = ["started_at", "pk"]
+        indexes = [
+            models.Index(
+                fields=["gpu"],
+                condition=models.Q(ended_at__isnull=True),
+                name="alloc_active_gpu_idx",
+            ),
+            models.Index(fields=["job", "attempt"], name="alloc_job_attempt_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "gpu", "attempt"],
+                name="alloc_unique_job_gpu_attempt",
+                violation_error_message="This job already holds this GPU in this attempt.",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(ended_at__isnull=True)
+                | models.Q(ended_at__gte=models.F("started_at")),
+                name="alloc_ends_after_start",
+                violation_error_message="An allocation cannot end before it starts.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on gpu {self.gpu_id} ({self.share_milli}m)"
+
+
+class LogChunk(models.Model):
+    """A piece of a job's output, shipped by the agent. Unique per attempt and sequence."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    attempt = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    stream = models.CharField(max_length=6, default="stdout")
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["attempt", "seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "stream", "seq"],
+                name="logchunk_unique_seq",
+                violation_error_message="This log chunk was already received.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} {self.stream} #{self.seq}"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 
 from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
 
-from portal.errors import DomainError
-from portal.models import Project
-from scheduler.models import PRECISIONS, GpuModel, Node
+from portal.errors import DomainError, NotFound
+from portal.models import Project, User
+from portal.selectors import project_list_visible_to
+from scheduler.models import PRECISIONS, Allocation, GpuModel, Job, JobState, LogChunk, Node
 
 
 @dataclass(frozen=True)
@@ -68,15 +73,111 @@ class QuotaRow:
         return min(100, round(100 * self.used / self.limit))
 
 
+def month_start(now: datetime) -> datetime:
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def project_gpu_hours(project: Project, *, since: datetime, now: datetime) -> Decimal:
+    """GPU-hours the project used since `since` (fractions count as fractions)."""
+    total = Decimal(0)
+    rows = Allocation.objects.filter(job__project=project).exclude(ended_at__lt=since)
+    for share, started, ended in rows.values_list("share_milli", "started_at", "ended_at"):
+        seconds = ((ended or now) - max(started, since)).total_seconds()
+        total += Decimal(max(0.0, seconds)) * share / 1000 / 3600
+    return total.quantize(Decimal("0.01"))
+
+
+def active_gpu_usage(project: Project) -> dict[str, float]:
+    """GPUs a project holds now, per model name and in total under "*" (fractions count)."""
+    usage: dict[str, float] = defaultdict(float)
+    for model, share in Allocation.objects.filter(
+        job__project=project, ended_at__isnull=True
+    ).values_list("gpu_model__name", "share_milli"):
+        usage[model] += share / 1000
+        usage["*"] += share / 1000
+    return usage
+
+
 def project_quota_usage(*, project: Project) -> list[QuotaRow]:
-    """Quota limits beside current use. Use counts allocations once jobs exist."""
+    """Quota limits beside current use: GPUs held now and GPU-hours this calendar month."""
     quota = project.quota
+    now = timezone.now()
+    held = active_gpu_usage(project)
+    hours = project_gpu_hours(project, since=month_start(now), now=now)
     rows = [
-        QuotaRow("Concurrent GPUs", 0, quota.max_gpus, "GPUs"),
-        QuotaRow("GPU-hours this month", 0, quota.gpu_hours_per_month, "GPU-h"),
+        QuotaRow("Concurrent GPUs", held["*"], quota.max_gpus, "GPUs"),
+        QuotaRow("GPU-hours this month", float(hours), quota.gpu_hours_per_month, "GPU-h"),
     ]
     rows += [
-        QuotaRow(f"{limit.gpu_model.name} GPUs", 0, limit.max_gpus, "GPUs")
+        QuotaRow(f"{limit.gpu_model.name} GPUs", held[limit.gpu_model.name], limit.max_gpus, "GPUs")
         for limit in quota.model_limits.select_related("gpu_model")
     ]
     return rows
+
+
+def job_list_visible_to(*, user: User) -> QuerySet[Job]:
+    """Jobs of the projects the user may see, with what list views show, in one query."""
+    projects = project_list_visible_to(user=user)
+    return (
+        Job.objects.filter(project__in=projects)
+        .select_related("project", "gpu_model", "submitted_by")
+        .order_by("-created_at", "-pk")
+    )
+
+
+def job_get_visible(*, user: User, job_id: int) -> Job:
+    job = job_list_visible_to(user=user).filter(pk=job_id).first()
+    if job is None:
+        raise NotFound("No such job.")
+    return job
+
+
+JOB_FILTERS = {"state", "project", "gpu_model"}
+
+
+def job_filter(qs: QuerySet[Job], params: dict[str, str]) -> QuerySet[Job]:
+    """Apply list filters; a bad value is a DomainError naming the parameter."""
+    state = params.get("state", "").strip()
+    if state:
+        states = [s for s in state.split(",") if s]
+        unknown = sorted(set(states) - set(JobState.values))
+        if unknown:
+            raise DomainError(
+                f"Unknown state {', '.join(unknown)}; use {', '.join(JobState.values)}.",
+                field="state",
+            )
+        qs = qs.filter(state__in=states)
+    if params.get("project"):
+        qs = qs.filter(project__slug=params["project"])
+    if params.get("gpu_model"):
+        qs = qs.filter(gpu_model__name=params["gpu_model"])
+    return qs
+
+
+def job_placement(job: Job) -> list[dict[str, object]]:
+    """Where the job's current attempt runs: node, GPU index, UUID, model, share."""
+    return [
+        {
+            "node": a.node.name,
+            "gpu_index": a.gpu.index,
+            "gpu_uuid": a.gpu.uuid,
+            "gpu_model": a.gpu_model.name,
+            "share_milli": a.share_milli,
+            "since": a.started_at,
+        }
+        for a in job.allocations.filter(ended_at__isnull=True).select_related(
+            "node", "gpu", "gpu_model"
+        )
+    ]
+
+
+def job_log_text(job: Job, *, after_id: int = 0, limit: int = 500) -> tuple[str, int]:
+    """Log text after chunk id `after_id` (for live tails) and the last id returned."""
+    chunks = list(
+        LogChunk.objects.filter(job=job, pk__gt=after_id)
+        .order_by("pk")
+        .values_list("pk", "text")[:limit]
+    )
+    if not chunks:
+        return "", after_id
+    return "".join(text for _, text in chunks), chunks[-1][0]

@@ -59,3 +59,36 @@ def api() -> Callable[[User | None], APIClient]:
         return client
 
     return client_for
+
+
+@pytest.fixture
+def fleet(db):
+    """Catalog, a pool, and nodes: two with 2 × H100 each, one with 4 × L4 time-sliced ×2."""
+    from scheduler.models import Gpu, GpuModel, Pool
+    from scheduler.nodes import node_issue_agent_token
+    from scheduler.services import catalog_seed, node_register_simulated
+
+    catalog_seed()
+    pool, _ = Pool.objects.get_or_create(name="default")
+    h100 = GpuModel.objects.get(name="H100-80GB-SXM")
+    l4 = GpuModel.objects.get(name="L4")
+    nodes = {
+        "h1": node_register_simulated(
+            name="h1", pool=pool, gpu_model=h100, gpu_count=2, cpu_milli=64_000, memory_mib=512_000
+        ),
+        "h2": node_register_simulated(
+            name="h2", pool=pool, gpu_model=h100, gpu_count=2, cpu_milli=64_000, memory_mib=512_000
+        ),
+        "l1": node_register_simulated(
+            name="l1",
+            pool=pool,
+            gpu_model=l4,
+            gpu_count=4,
+            cpu_milli=64_000,
+            memory_mib=512_000,
+            sharing_mode=Gpu.SharingMode.TIME_SLICE,
+            oversubscription=2,
+        ),
+    }
+    tokens = {name: node_issue_agent_token(node=node) for name, node in nodes.items()}
+    return {"pool": pool, "nodes": nodes, "tokens": tokens, "h100": h100, "l4": l4}

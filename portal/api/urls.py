@@ -1,13 +1,13 @@
 from django.urls import include, path
-from rest_framework.routers import SimpleRouter
 
 from portal.api import views
+from portal.api.routers import OptionalSlashRouter
 
-router = SimpleRouter(trailing_slash="/?")  # type: ignore[arg-type]  # optional slash
+router = OptionalSlashRouter()
 router.register("projects", views.ProjectViewSet, basename="api-project")
 router.register("tokens", views.ApiTokenViewSet, basename="api-token")
 
-members = SimpleRouter(trailing_slash="/?")  # type: ignore[arg-type]  # optional slash
+members = OptionalSlashRouter()
 members.register("members", views.MembershipViewSet, basename="api-project-member")
 
 urlpatterns = [

@@ -174,3 +174,33 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Scheduler
+SCHEDULER_CYCLE_SECONDS = env.float("SCHEDULER_CYCLE_SECONDS", default=3.0)
+SCHEDULER_ADMISSION_CHECKS: list[str] = []
+SCHEDULER_BUDGET_EXHAUSTED = ""
+SCHEDULER_PRICE_QUOTE = ""
+PREEMPTIBLE_DISCOUNT = env.float("PREEMPTIBLE_DISCOUNT", default=0.6)
+NODE_HEARTBEAT_SECONDS = env.float("NODE_HEARTBEAT_SECONDS", default=5.0)
+NODE_LOST_AFTER_SECONDS = env.float("NODE_LOST_AFTER_SECONDS", default=60.0)
+AGENT_POLL_SECONDS = env.float("AGENT_POLL_SECONDS", default=2.0)
+SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)
+
+CELERY_TASK_ROUTES = {
+    "scheduler.*": {"queue": "scheduler"},
+    "provisioning.*": {"queue": "provisioning"},
+    "telemetry.*": {"queue": "telemetry"},
+    "billing.*": {"queue": "billing"},
+}
+CELERY_BEAT_SCHEDULE = {
+    "scheduling-cycle": {
+        "task": "scheduler.cycle",
+        "schedule": SCHEDULER_CYCLE_SECONDS,
+        "options": {"expires": SCHEDULER_CYCLE_SECONDS * 2},
+    },
+    "node-health-sweep": {
+        "task": "scheduler.health_sweep",
+        "schedule": 10.0,
+        "options": {"expires": 20},
+    },
+}

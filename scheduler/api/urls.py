@@ -1,8 +1,8 @@
-from rest_framework.routers import SimpleRouter
+from portal.api.routers import OptionalSlashRouter
+from scheduler.api import jobs, views
 
-from scheduler.api import views
-
-router = SimpleRouter(trailing_slash="/?")  # type: ignore[arg-type]  # optional slash
+router = OptionalSlashRouter()
 router.register("gpu-models", views.GpuModelViewSet, basename="api-gpu-model")
+router.register("jobs", jobs.JobViewSet, basename="api-job")
 
 urlpatterns = router.urls

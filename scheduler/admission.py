@@ -1,0 +1,363 @@
+"""Submitting jobs: validate the request, admit it within quotas in one transaction, or reject it.
+
+A request arrives as a `JobSpec` from the form, the JSON API or a Kubernetes manifest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.audit import audit_record
+from portal.errors import DomainError
+from portal.models import PriorityClass, Project, Quota, Role, User
+from portal.services import require_role
+from scheduler import hooks
+from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
+from scheduler.selectors import month_start, project_gpu_hours
+from scheduler.transitions import job_transition
+
+MAX_GPUS_PER_JOB = 4096
+MAX_SHARDS = 1000
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED_ENV = {
+    "CUDA_VISIBLE_DEVICES",
+    "JOB_ID",
+    "CHECKPOINT_DIR",
+    "RESUME",
+    "SHARD_INDEX",
+    "SHARD_COUNT",
+}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job request, independent of where it came from."""
+
+    name: str
+    command: str
+    gpus: int = 1
+    gpu_milli: int = 1000
+    gpu_memory_mib: int = 0
+    gpu_model: GpuModel | None = None
+    min_gpu_memory_gb: int = 0
+    precisions: tuple[str, ...] = ()
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    priority: int = PriorityClass.NORMAL
+    preemptible: bool = False
+    runtime_estimate_s: int | None = None
+    checkpoint_dir: str = ""
+    working_dir: str = ""
+    image: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    elastic_min: int | None = None
+    elastic_max: int | None = None
+    shard_count: int = 1
+    source: str = Job.Source.API
+
+    @property
+    def gpu_count(self) -> int:
+        if self.nodes and self.gpus_per_node:
+            return self.nodes * self.gpus_per_node
+        return self.gpus
+
+    @property
+    def gpu_fraction(self) -> Decimal:
+        """GPUs of demand, a fraction counting as that fraction."""
+        return Decimal(self.gpu_count * self.gpu_milli) / 1000
+
+
+def spec_validate(spec: JobSpec) -> JobSpec:
+    """Check a spec for consistency; raise DomainError naming the field and what to fix."""
+
+    def bad(field_name: str, message: str) -> DomainError:
+        return DomainError(message, field=field_name)
+
+    name = spec.name.strip()
+    if not name or len(name) > 100:
+        raise bad("name", "Give the job a name of 1 to 100 characters.")
+    if not spec.command.strip():
+        raise bad("command", "Enter the command to run, e.g. 'python train.py'.")
+    if len(spec.command) > 10_000:
+        raise bad("command", "The command is longer than 10,000 characters; put it in a script.")
+    if not 1 <= spec.gpus <= MAX_GPUS_PER_JOB:
+        raise bad("gpus", f"Ask for 1 to {MAX_GPUS_PER_JOB} GPUs.")
+    if not 1 <= spec.gpu_milli <= 1000:
+        raise bad("gpu_milli", "A GPU share is 1 to 1000 milli-GPU (1000 = a whole GPU).")
+    if spec.gpu_milli < 1000 and (spec.gpus != 1 or spec.nodes):
+        raise bad("gpu_milli", "A fraction of a GPU is possible only for a single GPU.")
+    if (spec.nodes is None) != (spec.gpus_per_node is None):
+        raise bad("nodes", "A gang job needs both nodes and gpus_per_node.")
+    if (
+        spec.nodes is not None
+        and spec.gpus_per_node is not None
+        and (not 1 <= spec.nodes <= 512 or not 1 <= spec.gpus_per_node <= 16)
+    ):
+        raise bad("nodes", "A gang is 1 to 512 nodes with 1 to 16 GPUs on each.")
+    if spec.gpu_memory_mib and spec.gpu_milli == 1000:
+        raise bad("gpu_memory_mib", "A GPU memory limit applies to a fraction of a GPU only.")
+    unknown = sorted(set(spec.precisions) - set(PRECISIONS))
+    if unknown:
+        raise bad(
+            "precisions", f"Unknown precision {', '.join(unknown)}; use {', '.join(PRECISIONS)}."
+        )
+    if not 0 <= spec.min_gpu_memory_gb <= 1000:
+        raise bad("min_gpu_memory_gb", "Minimum GPU memory is 0 to 1000 GB.")
+    if spec.priority not in PriorityClass.values:
+        raise bad("priority", "Priority is one of: " + ", ".join(PriorityClass.names).lower() + ".")
+    if spec.runtime_estimate_s is not None and not 1 <= spec.runtime_estimate_s <= 90 * 86400:
+        raise bad("runtime_estimate_s", "The runtime estimate is 1 second to 90 days.")
+    if not 0 <= spec.max_restarts <= 10:
+        raise bad("max_restarts", "Allow 0 to 10 restarts.")
+    if not 1 <= spec.shard_count <= MAX_SHARDS:
+        raise bad("shard_count", f"An array job has 1 to {MAX_SHARDS} shards.")
+    if spec.elastic_min is not None or spec.elastic_max is not None:
+        lo, hi = spec.elastic_min or spec.gpus, spec.elastic_max or spec.gpus
+        if (
+            spec.nodes
+            or spec.gpu_milli < 1000
+            or not 1 <= lo <= spec.gpus <= hi <= MAX_GPUS_PER_JOB
+        ):
+            raise bad(
+                "elastic_min",
+                "An elastic job asks for whole GPUs with elastic_min ≤ gpus ≤ elastic_max.",
+            )
+    if spec.cpu_milli > 4_096_000 or spec.memory_mib > 64 * 1024 * 1024:
+        raise bad("cpu_milli", "CPU and memory requests are beyond any node.")
+    for key, value in spec.env.items():
+        if not ENV_NAME.match(str(key)):
+            raise bad("env", f"'{key}' is not a valid environment variable name.")
+        if key in RESERVED_ENV:
+            raise bad("env", f"{key} is set by the platform; remove it.")
+        if not isinstance(value, str) or len(value) > 4096:
+            raise bad("env", f"The value of {key} must be a string of at most 4096 characters.")
+    if len(spec.env) > 100:
+        raise bad("env", "At most 100 environment variables.")
+    for label, path in (("checkpoint_dir", spec.checkpoint_dir), ("working_dir", spec.working_dir)):
+        if path and (not path.startswith("/") or len(path) > 500 or "\x00" in path):
+            raise bad(label, f"{label} must be an absolute path of at most 500 characters.")
+    model = spec.gpu_model
+    if model is not None:
+        if spec.min_gpu_memory_gb > model.memory_gb:
+            raise bad(
+                "min_gpu_memory_gb",
+                f"{model.name} has {model.memory_gb} GB; you asked for at least {spec.min_gpu_memory_gb} GB.",
+            )
+        missing = sorted(set(spec.precisions) - set(model.precisions))
+        if missing:
+            raise bad("precisions", f"{model.name} does not support {', '.join(missing)}.")
+        if spec.gpu_memory_mib > model.memory_mib:
+            raise bad("gpu_memory_mib", f"{model.name} has only {model.memory_mib} MiB.")
+    elif not any(
+        m.memory_gb >= spec.min_gpu_memory_gb and set(spec.precisions) <= set(m.precisions)
+        for m in GpuModel.objects.filter(is_active=True)
+    ):
+        raise bad(
+            "precisions",
+            "No GPU model in the catalog meets these constraints; relax memory or precision.",
+        )
+    return replace(spec, name=name)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What admission decided: admit (maybe as borrowed preemptible work) or reject, and why."""
+
+    admit: bool
+    borrowed: bool = False
+    reason: str = ""
+    quota_notes: tuple[str, ...] = ()
+
+
+def admission_verdict(*, project: Project, quota: Quota, spec: JobSpec, now: datetime) -> Verdict:
+    """Quota rules that decide at submission. Concurrency is held per cycle by the scheduler."""
+    notes = []
+    if spec.gpu_count > quota.max_gpus_per_job:
+        return Verdict(
+            False,
+            reason=f"The job asks for {spec.gpu_count} GPUs; {project.name} allows at most "
+            f"{quota.max_gpus_per_job} per job.",
+        )
+    if spec.priority > quota.max_priority:
+        return Verdict(
+            False,
+            reason=f"Priority {PriorityClass(spec.priority).label} is above your project's "
+            f"ceiling ({PriorityClass(quota.max_priority).label}).",
+        )
+    borrowed = False
+    if quota.max_gpus is not None:
+        notes.append(f"concurrent GPUs: {quota.max_gpus} for the project")
+        if spec.gpu_fraction > quota.max_gpus:
+            if not quota.allow_borrowing:
+                return Verdict(
+                    False,
+                    reason=f"The job needs {spec.gpu_fraction} GPUs at once; the project's quota "
+                    f"is {quota.max_gpus}.",
+                )
+            borrowed = True
+    if spec.gpu_model is not None:
+        limit = next(
+            (lim for lim in quota.model_limits.all() if lim.gpu_model_id == spec.gpu_model.pk), None
+        )
+        if limit is not None:
+            notes.append(f"{spec.gpu_model.name}: {limit.max_gpus} GPUs for the project")
+            if spec.gpu_fraction > limit.max_gpus:
+                if not quota.allow_borrowing:
+                    return Verdict(
+                        False,
+                        reason=f"The job needs {spec.gpu_fraction} × {spec.gpu_model.name}; the "
+                        f"project may hold {limit.max_gpus}.",
+                    )
+                borrowed = True
+    if quota.gpu_hours_per_month is not None:
+        used = project_gpu_hours(project, since=month_start(now), now=now)
+        notes.append(f"GPU-hours this month: {used} of {quota.gpu_hours_per_month}")
+        if used >= quota.gpu_hours_per_month:
+            if not quota.allow_borrowing:
+                return Verdict(
+                    False,
+                    reason=f"{project.name} has used its {quota.gpu_hours_per_month} GPU-hours "
+                    "for this month.",
+                )
+            borrowed = True
+    for check in hooks.admission_checks():
+        verdict = check(project=project, spec=spec, now=now)
+        if verdict is not None and not verdict.admit:
+            return verdict
+        if verdict is not None:
+            borrowed = borrowed or verdict.borrowed
+            notes.extend(verdict.quota_notes)
+    reason = (
+        "Over quota: admitted as preemptible work on idle GPUs." if borrowed else "Within quota."
+    )
+    return Verdict(True, borrowed=borrowed, reason=reason, quota_notes=tuple(notes))
+
+
+def _job_from_spec(spec: JobSpec, *, project: Project, user: User, shard: int | None) -> Job:
+    name = spec.name if shard is None else f"{spec.name}[{shard}]"
+    return Job(
+        project=project,
+        submitted_by=user,
+        name=name[:100],
+        source=spec.source,
+        command=spec.command,
+        image=spec.image,
+        env=spec.env,
+        working_dir=spec.working_dir,
+        checkpoint_dir=spec.checkpoint_dir,
+        gpus=spec.gpus,
+        gpu_milli=spec.gpu_milli,
+        gpu_memory_mib=spec.gpu_memory_mib,
+        gpu_model=spec.gpu_model,
+        min_gpu_memory_gb=spec.min_gpu_memory_gb,
+        precisions=list(spec.precisions),
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        runtime_estimate_s=spec.runtime_estimate_s,
+        max_restarts=spec.max_restarts,
+        elastic_min=spec.elastic_min,
+        elastic_max=spec.elastic_max,
+        shard_index=shard,
+        shard_count=spec.shard_count if shard is not None else None,
+    )
+
+
+@transaction.atomic
+def job_submit(
+    *, actor: User, project: Project, spec: JobSpec, remote_addr: str | None = None
+) -> list[Job]:
+    """Validate, admit or reject, and queue the job (one per shard). Returns the jobs."""
+    require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
+    spec = spec_validate(spec)
+    now = timezone.now()
+    # One admission at a time per project: the quota row is the lock.
+    quota = Quota.objects.select_for_update().prefetch_related("model_limits").get(project=project)
+    verdict = admission_verdict(project=project, quota=quota, spec=spec, now=now)
+    shards = [None] if spec.shard_count == 1 else list(range(spec.shard_count))
+    jobs: list[Job] = []
+    for shard in shards:
+        job = _job_from_spec(spec, project=project, user=actor, shard=shard)
+        if jobs:
+            job.array_parent = jobs[0]
+        job.borrowed = verdict.borrowed
+        job.save()
+        JobEvent.objects.create(
+            job=job,
+            to_state=JobState.PENDING,
+            actor=actor,
+            actor_label=actor.email,
+            reason="Submitted",
+        )
+        if verdict.admit:
+            job_transition(
+                job=job,
+                to=JobState.QUEUED,
+                reason=f"Submitted by {actor.email}. {verdict.reason}",
+                actor=actor,
+                data={"quota": list(verdict.quota_notes), "borrowed": verdict.borrowed},
+            )
+        else:
+            job.failure_reason = verdict.reason[:500]
+            job_transition(
+                job=job,
+                to=JobState.REJECTED,
+                reason=f"Rejected at admission: {verdict.reason}",
+                actor=actor,
+                update_fields=("failure_reason",),
+            )
+        jobs.append(job)
+    audit_record(
+        actor=actor,
+        action="job.submit" if verdict.admit else "job.reject",
+        target=jobs[0],
+        project=project,
+        data={"jobs": [j.pk for j in jobs], "gpus": spec.gpu_count, "reason": verdict.reason},
+        remote_addr=remote_addr,
+    )
+    if verdict.admit:
+        from scheduler.tasks import request_cycle
+
+        transaction.on_commit(request_cycle)
+    return jobs
+
+
+@transaction.atomic
+def job_cancel(*, actor: User, job: Job, remote_addr: str | None = None) -> Job:
+    """Cancel a job. Its GPUs are free at once; its node's agent stops the process."""
+    require_role(user=actor, project=job.project, roles=(Role.OWNER, Role.MEMBER))
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.is_terminal:
+        raise DomainError(f"Job {job.pk} already ended ({job.state}).", code="already_ended")
+    job_transition(
+        job=job, to=JobState.CANCELLED, reason=f"Cancelled by {actor.email}", actor=actor
+    )
+    audit_record(
+        actor=actor, action="job.cancel", target=job, project=job.project, remote_addr=remote_addr
+    )
+    from scheduler.tasks import request_cycle
+
+    transaction.on_commit(request_cycle)
+    return job
+
+
+def spec_summary(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "gpus": spec.gpu_count,
+        "gpu_milli": spec.gpu_milli,
+        "gpu_model": spec.gpu_model.name if spec.gpu_model else None,
+        "shards": spec.shard_count,
+    }

@@ -1,0 +1,214 @@
+"""Agent endpoints under /api/agent/v1/. Thin: parse, call a node service, answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import authentication, exceptions, permissions, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.api.serializers import StrictSerializer
+from scheduler import nodes
+from scheduler.models import Node
+
+
+class AgentPrincipal:
+    """The identity of a node's agent: authenticated, but not a user of the portal."""
+
+    is_authenticated = True
+    is_staff = False
+    is_active = True
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def __str__(self) -> str:
+        return f"agent:{self.node.name}"
+
+
+class NodeTokenAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[AgentPrincipal, Node] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1").split()
+        if len(header) != 2 or header[0] != "Bearer":
+            raise exceptions.NotAuthenticated("Send 'Authorization: Bearer <node token>'.")
+        node = nodes.node_for_agent_token(header[1])
+        if node is None:
+            raise exceptions.AuthenticationFailed("Unknown or retired node token.")
+        return AgentPrincipal(node), node
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+class IsAgent(permissions.BasePermission):
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, AgentPrincipal)
+
+
+class AgentView(APIView):
+    authentication_classes = [NodeTokenAuthentication]
+    permission_classes = [IsAgent]
+
+    @property
+    def node(self) -> Node:
+        return self.request.user.node  # type: ignore[union-attr]
+
+
+class GpuInventorySerializer(StrictSerializer):
+    index = serializers.IntegerField(min_value=0, max_value=63)
+    uuid = serializers.RegexField(r"^[A-Za-z0-9-]{4,64}$")
+    name = serializers.CharField(max_length=100)
+    memory_mib = serializers.IntegerField(min_value=1, max_value=4 * 1024 * 1024)
+    mig_mode = serializers.BooleanField(default=False)
+
+
+class RegisterSerializer(StrictSerializer):
+    hostname = serializers.CharField(max_length=253)
+    simulated = serializers.BooleanField(default=False)
+    driver_version = serializers.CharField(max_length=32, allow_blank=True, default="")
+    cuda_version = serializers.CharField(max_length=16, allow_blank=True, default="")
+    cpu_milli = serializers.IntegerField(min_value=0, max_value=10_000_000, default=0)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=1 << 32, default=0)
+    gpus = GpuInventorySerializer(many=True, allow_empty=True)
+
+    def validate_gpus(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(value) > 64:
+            raise serializers.ValidationError("At most 64 GPUs per node.")
+        return value
+
+
+class ProcessSerializer(StrictSerializer):
+    pid = serializers.IntegerField(min_value=0)
+    used_memory_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+
+
+class TelemetrySerializer(StrictSerializer):
+    uuid = serializers.CharField(max_length=64)
+    utilization = serializers.FloatField(
+        min_value=0, max_value=100, allow_null=True, required=False
+    )
+    memory_used_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    temperature_c = serializers.FloatField(
+        min_value=-50, max_value=200, allow_null=True, required=False
+    )
+    power_w = serializers.FloatField(min_value=0, max_value=5000, allow_null=True, required=False)
+    ecc_uncorrected = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    row_remap_pending = serializers.BooleanField(allow_null=True, required=False)
+    xid_events = serializers.ListField(
+        child=serializers.IntegerField(min_value=0), max_length=100, required=False
+    )
+    throttle_reasons = serializers.ListField(
+        child=serializers.CharField(max_length=64), max_length=32, required=False
+    )
+    processes = ProcessSerializer(many=True, required=False)
+    lost = serializers.BooleanField(default=False)
+
+
+class RunningSerializer(StrictSerializer):
+    job_id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=0)
+    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+
+
+class HeartbeatSerializer(StrictSerializer):
+    telemetry = TelemetrySerializer(many=True, max_length=64)
+    running = RunningSerializer(many=True, max_length=1000)
+
+
+class StartedSerializer(StrictSerializer):
+    attempt = serializers.IntegerField(min_value=1)
+    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+
+
+class ExitedSerializer(StrictSerializer):
+    attempt = serializers.IntegerField(min_value=1)
+    exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
+    signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
+    reason = serializers.ChoiceField(
+        choices=["exited", "killed", "preempted", "cancelled", "failed_to_start"]
+    )
+    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
+
+
+class LogSerializer(StrictSerializer):
+    attempt = serializers.IntegerField(min_value=1)
+    seq = serializers.IntegerField(min_value=0)
+    stream = serializers.ChoiceField(choices=["stdout", "stderr"])
+    text = serializers.CharField(max_length=256 * 1024, allow_blank=True, trim_whitespace=False)
+
+
+def _parse(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+    body = serializer_class(data=request.data)
+    body.is_valid(raise_exception=True)
+    data: dict[str, Any] = body.validated_data
+    return data
+
+
+class RegisterView(AgentView):
+    @extend_schema(request=RegisterSerializer, responses={200: dict})
+    def post(self, request: Request) -> Response:
+        node = nodes.node_register(node=self.node, inventory=_parse(RegisterSerializer, request))
+        from django.conf import settings
+
+        return Response(
+            {
+                "node": node.name,
+                "heartbeat_interval_s": settings.NODE_HEARTBEAT_SECONDS,
+                "poll_interval_s": settings.AGENT_POLL_SECONDS,
+            }
+        )
+
+
+class HeartbeatView(AgentView):
+    @extend_schema(request=HeartbeatSerializer, responses={200: dict})
+    def post(self, request: Request) -> Response:
+        data = _parse(HeartbeatSerializer, request)
+        node = nodes.node_heartbeat(
+            node=self.node, telemetry=data["telemetry"], running=data["running"]
+        )
+        return Response({"ok": True, "fenced": node.fenced})
+
+
+class AssignmentsView(AgentView):
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        node = Node.objects.get(pk=self.node.pk)
+        return Response({"fenced": node.fenced, "assignments": nodes.assignments_for(node)})
+
+
+class JobStartedView(AgentView):
+    @extend_schema(request=StartedSerializer, responses={200: dict})
+    def post(self, request: Request, job_id: int) -> Response:
+        data = _parse(StartedSerializer, request)
+        job = nodes.job_started(
+            node=self.node, job_id=job_id, attempt=data["attempt"], pid=data.get("pid")
+        )
+        return Response({"state": job.state})
+
+
+class JobExitedView(AgentView):
+    @extend_schema(request=ExitedSerializer, responses={200: dict})
+    def post(self, request: Request, job_id: int) -> Response:
+        data = _parse(ExitedSerializer, request)
+        report = nodes.ExitReport(
+            attempt=data["attempt"],
+            exit_code=data["exit_code"],
+            signal=data.get("signal"),
+            reason=data["reason"],
+            message=data.get("message", ""),
+        )
+        job = nodes.job_exited(node=self.node, job_id=job_id, report=report)
+        return Response({"state": job.state})
+
+
+class JobLogsView(AgentView):
+    @extend_schema(request=LogSerializer, responses={201: dict, 200: dict})
+    def post(self, request: Request, job_id: int) -> Response:
+        data = _parse(LogSerializer, request)
+        new = nodes.job_log_append(node=self.node, job_id=job_id, **data)
+        return Response(
+            {"stored": new}, status=status.HTTP_201_CREATED if new else status.HTTP_200_OK
+        )

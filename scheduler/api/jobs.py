@@ -1,0 +1,315 @@
+"""Jobs API: submit (JSON or a Kubernetes manifest), dry run, list, detail, cancel, events, logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, parsers, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal.api.serializers import StrictSerializer
+from portal.models import PriorityClass, Project, User
+from portal.selectors import project_get_visible
+from scheduler import selectors
+from scheduler.admission import JobSpec, job_cancel, job_submit
+from scheduler.estimates import job_dry_run
+from scheduler.manifest import parse_manifest
+from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
+
+PRIORITIES = [p.lower() for p in PriorityClass.names]
+
+
+class JobCreateSerializer(StrictSerializer):
+    project = serializers.SlugField(max_length=50)
+    name = serializers.CharField(max_length=100)
+    command = serializers.CharField(max_length=10_000)
+    image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    gpus = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    gpu_milli = serializers.IntegerField(min_value=1, max_value=1000, default=1000)
+    gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=4 * 1024 * 1024, default=0)
+    gpu_model = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=GpuModel.objects.filter(is_active=True),
+        required=False,
+        allow_null=True,
+    )
+    min_gpu_memory_gb = serializers.IntegerField(min_value=0, max_value=1000, default=0)
+    precisions = serializers.ListField(
+        child=serializers.ChoiceField(choices=PRECISIONS), max_length=7, default=list
+    )
+    nodes = serializers.IntegerField(min_value=1, max_value=512, required=False, allow_null=True)
+    gpus_per_node = serializers.IntegerField(
+        min_value=1, max_value=16, required=False, allow_null=True
+    )
+    cpu_milli = serializers.IntegerField(min_value=0, max_value=4_096_000, default=0)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=64 * 1024 * 1024, default=0)
+    priority = serializers.ChoiceField(choices=PRIORITIES, default="normal")
+    preemptible = serializers.BooleanField(default=False)
+    runtime_estimate_s = serializers.IntegerField(
+        min_value=1, max_value=90 * 86400, required=False, allow_null=True
+    )
+    checkpoint_dir = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default=""
+    )
+    working_dir = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default=""
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True), default=dict
+    )
+    max_restarts = serializers.IntegerField(min_value=0, max_value=10, default=0)
+    elastic_min = serializers.IntegerField(
+        min_value=1, max_value=4096, required=False, allow_null=True
+    )
+    elastic_max = serializers.IntegerField(
+        min_value=1, max_value=4096, required=False, allow_null=True
+    )
+    shard_count = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+
+    def to_spec(self, source: str = Job.Source.API) -> tuple[str, JobSpec]:
+        d = dict(self.validated_data)
+        project = d.pop("project")
+        d["priority"] = PriorityClass[d["priority"].upper()].value
+        d["precisions"] = tuple(d.get("precisions", ()))
+        return project, JobSpec(**d, source=source)
+
+
+class JobSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    submitted_by = serializers.EmailField(source="submitted_by.email", read_only=True)
+    priority = serializers.SerializerMethodField()
+    pending = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "project",
+            "state",
+            "source",
+            "submitted_by",
+            "command",
+            "image",
+            "gpus",
+            "gpu_milli",
+            "gpu_memory_mib",
+            "gpu_model",
+            "min_gpu_memory_gb",
+            "precisions",
+            "nodes",
+            "gpus_per_node",
+            "cpu_milli",
+            "memory_mib",
+            "priority",
+            "preemptible",
+            "borrowed",
+            "runtime_estimate_s",
+            "checkpoint_dir",
+            "max_restarts",
+            "restarts",
+            "elastic_min",
+            "elastic_max",
+            "shard_index",
+            "shard_count",
+            "array_parent",
+            "attempt",
+            "pending",
+            "exit_code",
+            "failure_reason",
+            "created_at",
+            "queued_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_priority(self, obj: Job) -> str:
+        return PriorityClass(obj.priority).name.lower()
+
+    def get_pending(self, obj: Job) -> dict[str, Any] | None:
+        """Why the job waits, its queue position and estimated start, while it is queued."""
+        if obj.state != JobState.QUEUED:
+            return None
+        return {
+            "reason": obj.pending_reason or "waiting_in_queue",
+            "message": obj.pending_message or "Waiting for the next scheduling cycle.",
+            "queue_position": obj.queue_position,
+            "estimated_start": obj.estimated_start_at,
+        }
+
+
+class JobDetailSerializer(JobSerializer):
+    env = serializers.DictField(read_only=True)
+    placement = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "env", "working_dir", "placement"]
+
+    def get_placement(self, obj: Job) -> list[dict[str, object]]:
+        return selectors.job_placement(obj)
+
+
+class JobEventSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    class Meta:
+        model = JobEvent
+        fields = ["created_at", "from_state", "to_state", "actor_label", "reason"]
+
+
+class DryRunSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    admitted = serializers.BooleanField()
+    borrowed = serializers.BooleanField()
+    admission_reason = serializers.CharField()
+    quota_notes = serializers.ListField(child=serializers.CharField())
+    would_start_now = serializers.BooleanField()
+    estimated_start = serializers.DateTimeField(allow_null=True)
+    wait_reason = serializers.CharField()
+    wait_message = serializers.CharField()
+    queue_position = serializers.IntegerField(allow_null=True)
+    rate_per_gpu_hour = serializers.DecimalField(max_digits=10, decimal_places=4, allow_null=True)
+    cost_per_hour = serializers.DecimalField(max_digits=12, decimal_places=2, allow_null=True)
+    cost_for_estimate = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+
+
+class YamlParser(parsers.BaseParser):
+    media_type = "application/yaml"
+
+    def parse(
+        self, stream: Any, media_type: str | None = None, parser_context: Any = None
+    ) -> bytes:
+        data: bytes = stream.read(256 * 1024 + 1)
+        return data
+
+
+class TextYamlParser(YamlParser):
+    media_type = "text/yaml"
+
+
+class PlainTextParser(YamlParser):
+    media_type = "text/plain"
+
+
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("state", OpenApiTypes.STR, description="Comma-separated states."),
+            OpenApiParameter("project", OpenApiTypes.STR),
+            OpenApiParameter("gpu_model", OpenApiTypes.STR),
+        ]
+    )
+)
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+    lookup_value_regex = r"\d+"
+
+    def get_serializer_class(self) -> type:
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    @property
+    def _user(self) -> User:
+        return self.request.user  # type: ignore[return-value]
+
+    def get_queryset(self) -> QuerySet[Job]:
+        qs = selectors.job_list_visible_to(user=self._user)
+        if self.action == "list":
+            qs = selectors.job_filter(qs, self.request.query_params.dict())
+        return qs
+
+    def _project(self, slug: str) -> Project:
+        return project_get_visible(user=self._user, slug=slug)
+
+    def _submitted(self, jobs: list[Job]) -> Response:
+        body = JobSerializer(jobs, many=True).data if len(jobs) > 1 else JobSerializer(jobs[0]).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
+    def create(self, request: Request) -> Response:
+        body = JobCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        slug, spec = body.to_spec()
+        jobs = job_submit(
+            actor=self._user,
+            project=self._project(slug),
+            spec=spec,
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+        return self._submitted(jobs)
+
+    @extend_schema(request=JobCreateSerializer, responses={200: DryRunSerializer})
+    @action(detail=False, methods=["post"], url_path="dry-run")
+    def dry_run(self, request: Request) -> Response:
+        body = JobCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        slug, spec = body.to_spec()
+        result = job_dry_run(project=self._project(slug), spec=spec)
+        return Response(DryRunSerializer(result).data)
+
+    @extend_schema(
+        request={"application/yaml": OpenApiTypes.STR},
+        parameters=[
+            OpenApiParameter("project", OpenApiTypes.STR, description="Else metadata.namespace.")
+        ],
+        responses={201: JobSerializer},
+    )
+    @action(
+        detail=False,
+        methods=["post"],
+        url_path="manifest",
+        parser_classes=[YamlParser, TextYamlParser, PlainTextParser],
+    )
+    def manifest(self, request: Request) -> Response:
+        raw = request.data if isinstance(request.data, bytes) else b""
+        if not raw:
+            return Response(
+                {
+                    "manifest": [
+                        "Send the Job manifest as the request body (Content-Type: application/yaml)."
+                    ]
+                },
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        spec, namespace = parse_manifest(raw)
+        slug = request.query_params.get("project") or namespace
+        if not slug:
+            return Response(
+                {"project": ["Name the project with ?project=<slug> or metadata.namespace."]},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        jobs = job_submit(
+            actor=self._user,
+            project=self._project(slug),
+            spec=spec,
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+        return self._submitted(jobs)
+
+    @extend_schema(request=None, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        job = job_cancel(
+            actor=self._user, job=self.get_object(), remote_addr=request.META.get("REMOTE_ADDR")
+        )
+        return Response(JobSerializer(job).data)
+
+    @extend_schema(responses={200: JobEventSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        return Response(JobEventSerializer(job.events.all(), many=True).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("after", OpenApiTypes.INT, description="Last chunk id seen.")],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        after = request.query_params.get("after", "0")
+        if not after.isdigit():
+            return Response({"after": ["A whole number: the last chunk id you have."]}, status=400)
+        text, last = selectors.job_log_text(job, after_id=int(after))
+        return Response({"text": text, "last": last, "state": job.state})

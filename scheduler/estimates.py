@@ -1,0 +1,184 @@
+"""What a researcher sees before submitting: cost, estimated start, the quota it draws on, and
+for each GPU model the free GPUs, queued demand and the wait now."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.core.cache import cache
+from django.utils import timezone
+
+from portal.models import Project, Quota
+from scheduler import hooks
+from scheduler.admission import JobSpec, Verdict, admission_verdict, spec_validate
+from scheduler.core.plan import plan
+from scheduler.core.reasons import PendingReason, format_when
+from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
+from scheduler.models import GpuModel, Job, JobState
+
+DRY_RUN_ID = -1
+CENT = Decimal("0.01")
+
+
+@dataclass(frozen=True)
+class DryRun:
+    admitted: bool
+    borrowed: bool
+    admission_reason: str
+    quota_notes: tuple[str, ...]
+    would_start_now: bool
+    estimated_start: datetime | None
+    wait_reason: str
+    wait_message: str
+    rate_per_gpu_hour: Decimal | None
+    cost_per_hour: Decimal | None
+    cost_for_estimate: Decimal | None
+    queue_position: int | None
+
+
+def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
+    job = Job(
+        pk=DRY_RUN_ID,
+        project=project,
+        name=spec.name,
+        command=spec.command,
+        gpus=spec.gpus,
+        gpu_milli=spec.gpu_milli,
+        gpu_memory_mib=spec.gpu_memory_mib,
+        gpu_model=spec.gpu_model,
+        min_gpu_memory_gb=spec.min_gpu_memory_gb,
+        precisions=list(spec.precisions),
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        runtime_estimate_s=spec.runtime_estimate_s,
+        elastic_min=spec.elastic_min,
+        elastic_max=spec.elastic_max,
+        state=JobState.QUEUED,
+    )
+    job.queued_at = now
+    return job
+
+
+def quote(
+    spec: JobSpec, *, borrowed: bool = False
+) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
+    """(rate per GPU-hour, cost per hour, cost for the runtime estimate). Without a model, the
+    cheapest model that meets the constraints sets the rate."""
+    model = spec.gpu_model
+    if model is None:
+        candidates = [
+            m
+            for m in GpuModel.objects.filter(is_active=True)
+            if m.memory_gb >= spec.min_gpu_memory_gb and set(spec.precisions) <= set(m.precisions)
+        ]
+        model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
+    if model is None:
+        return None, None, None
+    rate = hooks.price_per_gpu_hour(gpu_model=model, preemptible=spec.preemptible or borrowed)
+    per_hour = (rate * spec.gpu_fraction * spec.shard_count).quantize(CENT, ROUND_HALF_UP)
+    total = None
+    if spec.runtime_estimate_s:
+        total = (per_hour * Decimal(spec.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
+    return rate, per_hour, total
+
+
+def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
+    """Plan the cluster as it is now with this job added; nothing is written."""
+    spec = spec_validate(spec)
+    now = timezone.now()
+    quota = Quota.objects.prefetch_related("model_limits").get(project=project)
+    verdict: Verdict = admission_verdict(project=project, quota=quota, spec=spec, now=now)
+    rate, per_hour, total = quote(spec, borrowed=verdict.borrowed)
+    start_now, estimated, reason, message, position = False, None, "", "", None
+    if verdict.admit:
+        job = _hypothetical_job(spec, project, now)
+        job.borrowed = verdict.borrowed
+        state = build_state(now=now, extra_jobs=[job])
+        decided = plan(state.snapshot, state.queue, policy_config(), ts(now))
+        if any(p.job_id == DRY_RUN_ID for p in decided.placements):
+            start_now, estimated = True, now
+        elif DRY_RUN_ID in decided.pending:
+            pending = decided.pending[DRY_RUN_ID]
+            reason, message, position = pending.reason.label, pending.message, pending.position
+            estimated = from_ts(pending.estimated_start) if pending.estimated_start else None
+        else:  # waits only for the preemption of lower-priority work
+            reason = PendingReason.PREEMPTING.label
+            message = "Lower-priority preemptible work would be stopped to make room."
+    return DryRun(
+        admitted=verdict.admit,
+        borrowed=verdict.borrowed,
+        admission_reason=verdict.reason,
+        quota_notes=verdict.quota_notes,
+        would_start_now=start_now,
+        estimated_start=estimated,
+        wait_reason=reason,
+        wait_message=message,
+        rate_per_gpu_hour=rate,
+        cost_per_hour=per_hour,
+        cost_for_estimate=total,
+        queue_position=position,
+    )
+
+
+@dataclass(frozen=True)
+class ModelAvailability:
+    model: GpuModel
+    total_gpus: int
+    free_gpus: int
+    queued_gpus: int
+    estimated_wait: str
+
+
+def model_availability() -> list[ModelAvailability]:
+    """Per GPU model: GPUs in the fleet, whole GPUs free now, queued demand, and when a 1-GPU
+    job of that model would start. Cached for a few seconds: the form polls it."""
+    cached: list[ModelAvailability] | None = cache.get("scheduler:model-availability")
+    if cached is not None:
+        return cached
+    now = timezone.now()
+    state = build_state(now=now)
+    total: dict[str, int] = defaultdict(int)
+    free: dict[str, int] = defaultdict(int)
+    for node in state.snapshot.nodes:
+        for gpu in node.gpus:
+            if gpu.healthy:
+                total[gpu.model] += 1
+                if node.schedulable and gpu.used_milli == 0:
+                    free[gpu.model] += 1
+    queued: dict[str, int] = defaultdict(int)
+    for request in state.queue:
+        for model in request.models or {"(any)"}:
+            queued[model] += request.total_gpus
+    config = policy_config()
+    models = list(GpuModel.objects.filter(is_active=True))
+    out = []
+    for model in models:
+        wait = "none in the fleet"
+        if total[model.name]:
+            probe = JobSpec(name="probe", command="true", gpu_model=model)
+            job = _hypothetical_job(probe, Project(slug="__probe__", name="probe"), now)
+            decided = plan(state.snapshot, [*state.queue, job_request(job)], config, ts(now))
+            if any(p.job_id == DRY_RUN_ID for p in decided.placements):
+                wait = "starts now"
+            elif DRY_RUN_ID in decided.pending and decided.pending[DRY_RUN_ID].estimated_start:
+                wait = format_when(decided.pending[DRY_RUN_ID].estimated_start or 0, ts(now))
+            else:
+                wait = "unknown (no runtime estimates ahead)"
+        out.append(
+            ModelAvailability(
+                model=model,
+                total_gpus=total[model.name],
+                free_gpus=free[model.name],
+                queued_gpus=queued[model.name],
+                estimated_wait=wait,
+            )
+        )
+    cache.set("scheduler:model-availability", out, timeout=5)
+    return out

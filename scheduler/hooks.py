@@ -1,0 +1,46 @@
+"""Extension points that let apps above the scheduler (billing) take part without a cycle.
+
+Settings name dotted paths; the scheduler calls them and never imports those apps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+
+@cache
+def _load(path: str) -> Callable[..., Any]:
+    fn: Callable[..., Any] = import_string(path)
+    return fn
+
+
+def admission_checks() -> list[Callable[..., Any]]:
+    """Callables `check(*, project, spec, now) -> AdmissionVerdict | None`."""
+    return [_load(p) for p in getattr(settings, "SCHEDULER_ADMISSION_CHECKS", [])]
+
+
+def projects_over_budget(project_ids: set[int]) -> set[int]:
+    """Projects whose hard budget cap stops new work (billing answers; none without it)."""
+    path = getattr(settings, "SCHEDULER_BUDGET_EXHAUSTED", "")
+    if not path:
+        return set()
+    result: set[int] = _load(path)(project_ids=project_ids)
+    return result
+
+
+def price_per_gpu_hour(*, gpu_model: Any, preemptible: bool) -> Decimal:
+    """The rate a job would pay; billing's price list when installed, else the catalog price."""
+    path = getattr(settings, "SCHEDULER_PRICE_QUOTE", "")
+    if path:
+        rate: Decimal = _load(path)(gpu_model=gpu_model, preemptible=preemptible)
+        return rate
+    base: Decimal = gpu_model.price_per_gpu_hour
+    if preemptible:
+        base = base * (1 - Decimal(str(settings.PREEMPTIBLE_DISCOUNT)))
+    return base.quantize(Decimal("0.0001"))

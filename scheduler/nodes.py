@@ -1,0 +1,466 @@
+"""Node services: agent registration, heartbeats, job reports from agents, health, cordon/drain.
+
+Everything an agent can do goes through here, scoped to its own node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from portal.audit import audit_record
+from portal.errors import Conflict, DomainError
+from portal.models import User
+from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node
+from scheduler.transitions import job_transition
+
+AGENT_TOKEN_PREFIX = "gpn_"
+TELEMETRY_TTL_S = 120
+
+
+def agent_token_hash(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@transaction.atomic
+def node_issue_agent_token(*, node: Node, actor: User | None = None) -> str:
+    """A new agent token for the node (the old one stops working). Shown once."""
+    raw = AGENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    Node.objects.filter(pk=node.pk).update(agent_token_hash=agent_token_hash(raw))
+    node.agent_token_hash = agent_token_hash(raw)
+    audit_record(actor=actor, action="node.token_issue", target=node)
+    return raw
+
+
+def node_for_agent_token(raw: str) -> Node | None:
+    if not raw.startswith(AGENT_TOKEN_PREFIX) or len(raw) > 200:
+        return None
+    return (
+        Node.objects.filter(agent_token_hash=agent_token_hash(raw))
+        .exclude(state=Node.State.RETIRED)
+        .first()
+    )
+
+
+def gpu_model_for_product(product: str) -> GpuModel | None:
+    """Map an NVML product name (or a catalog name) to the catalog."""
+    for model in GpuModel.objects.all():
+        if product == model.name or product in model.nvml_names:
+            return model
+    return None
+
+
+@transaction.atomic
+def node_register(*, node: Node, inventory: dict[str, Any]) -> Node:
+    """Record the inventory an agent reports. GPUs are matched by UUID; unknown products refused."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    gpus = inventory["gpus"]
+    models = {}
+    for gpu in gpus:
+        model = gpu_model_for_product(gpu["name"])
+        if model is None:
+            raise DomainError(
+                f"GPU product '{gpu['name']}' is not in the catalog; an operator must add it "
+                "(or its NVML name) first.",
+                field="gpus",
+            )
+        models[gpu["uuid"]] = model
+    indexes = [g["index"] for g in gpus]
+    if len(set(indexes)) != len(indexes) or len({g["uuid"] for g in gpus}) != len(gpus):
+        raise DomainError("GPU indexes and UUIDs must be unique on a node.", field="gpus")
+    taken = Gpu.objects.filter(uuid__in=[g["uuid"] for g in gpus]).exclude(node=node)
+    if taken.exists():
+        raise Conflict("A GPU UUID in this inventory belongs to another node.")
+    existing = {g.uuid: g for g in node.gpus.all()}
+    reported = set()
+    for gpu in gpus:
+        reported.add(gpu["uuid"])
+        row = existing.get(gpu["uuid"])
+        if row is None:
+            Gpu.objects.filter(node=node, index=gpu["index"]).exclude(uuid=gpu["uuid"]).delete()
+            Gpu.objects.create(
+                node=node,
+                index=gpu["index"],
+                uuid=gpu["uuid"],
+                model=models[gpu["uuid"]],
+                memory_mib=gpu["memory_mib"],
+                sharing_mode=Gpu.SharingMode.MIG
+                if gpu.get("mig_mode")
+                else Gpu.SharingMode.EXCLUSIVE,
+            )
+        else:
+            row.index, row.memory_mib, row.model = (
+                gpu["index"],
+                gpu["memory_mib"],
+                models[gpu["uuid"]],
+            )
+            row.save(update_fields=["index", "memory_mib", "model"])
+    missing = [g for uuid, g in existing.items() if uuid not in reported]
+    for gpu in missing:  # a GPU that vanished is unhealthy, not deleted: allocations point at it
+        if gpu.health != Gpu.Health.UNHEALTHY:
+            gpu.health = Gpu.Health.UNHEALTHY
+            gpu.save(update_fields=["health"])
+    node.driver_version = inventory.get("driver_version", "")[:32]
+    node.cuda_version = inventory.get("cuda_version", "")[:16]
+    if inventory.get("cpu_milli"):
+        node.cpu_milli = inventory["cpu_milli"]
+    if inventory.get("memory_mib"):
+        node.memory_mib = inventory["memory_mib"]
+    node.last_heartbeat_at = timezone.now()
+    came_back = node.state == Node.State.LOST
+    if node.state in (Node.State.PROVISIONING, Node.State.LOST):
+        node.state = Node.State.READY
+    node.save()
+    audit_record(
+        actor=None,
+        action="node.register",
+        target=node,
+        data={"gpus": len(gpus), "came_back": came_back, "driver": node.driver_version},
+    )
+    return node
+
+
+@transaction.atomic
+def node_heartbeat(
+    *, node: Node, telemetry: list[dict[str, Any]], running: list[dict[str, Any]]
+) -> Node:
+    """Record liveness and the latest telemetry; a lost node that returns is fenced."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    now = timezone.now()
+    node.last_heartbeat_at = now
+    fields = ["last_heartbeat_at", "updated_at"]
+    if node.state == Node.State.LOST:
+        node.state = Node.State.READY
+        node.fenced = True
+        fields += ["state", "fenced"]
+        audit_record(actor=None, action="node.return_fenced", target=node)
+    if node.fenced and not running:
+        node.fenced = False
+        fields.append("fenced")
+        audit_record(actor=None, action="node.unfence", target=node)
+    node.save(update_fields=fields)
+    gpus = {g.uuid: g.pk for g in node.gpus.all()}
+    cache.set_many(
+        {
+            f"telemetry:gpu:{gpus[s['uuid']]}": {**s, "at": now.isoformat()}
+            for s in telemetry
+            if s.get("uuid") in gpus
+        },
+        timeout=TELEMETRY_TTL_S,
+    )
+    return node
+
+
+def assignments_for(node: Node) -> list[dict[str, Any]]:
+    """What the node must run or stop: jobs with active allocations on it."""
+    if node.fenced:
+        return []
+    allocs = (
+        Allocation.objects.filter(node=node, ended_at__isnull=True)
+        .select_related("job", "gpu")
+        .order_by("job_id", "gpu__index")
+    )
+    by_job: dict[int, list[Allocation]] = {}
+    for a in allocs:
+        by_job.setdefault(a.job_id, []).append(a)
+    out = []
+    for allocations in by_job.values():
+        job = allocations[0].job
+        if job.state not in (
+            JobState.SCHEDULED,
+            JobState.STARTING,
+            JobState.RUNNING,
+            JobState.PREEMPTING,
+        ):
+            continue
+        env = {str(k): str(v) for k, v in job.env.items()}
+        env["JOB_ID"] = str(job.pk)
+        if job.checkpoint_dir:
+            env["CHECKPOINT_DIR"] = job.checkpoint_dir
+        env["RESUME"] = "1" if job.resume else "0"
+        if job.shard_index is not None:
+            env["SHARD_INDEX"] = str(job.shard_index)
+            env["SHARD_COUNT"] = str(job.shard_count or 1)
+        share = allocations[0].share_milli if len(allocations) == 1 else 1000
+        out.append(
+            {
+                "job_id": job.pk,
+                "attempt": job.attempt,
+                "action": "stop" if job.state == JobState.PREEMPTING else "run",
+                "stop_reason": "preempt" if job.state == JobState.PREEMPTING else None,
+                "command": job.command,
+                "env": env,
+                "gpu_uuids": [a.gpu.uuid for a in allocations],
+                "share_milli": min(share, 1000),
+                "gpu_memory_limit_mib": allocations[0].memory_mib or None,
+                "working_dir": job.working_dir or None,
+                "checkpoint_dir": job.checkpoint_dir or None,
+                "grace_seconds": job.grace_seconds,
+            }
+        )
+    return out
+
+
+def _agent_job(node: Node, job_id: int, attempt: int) -> Job:
+    """The job, locked, if this node runs that attempt of it; else a 409 for the agent."""
+    job = Job.objects.select_for_update().filter(pk=job_id).first()
+    if (
+        job is None
+        or not Allocation.objects.filter(job_id=job_id, node=node, attempt=attempt).exists()
+    ):
+        raise Conflict("This node does not run that job attempt.", code="stale_attempt")
+    if job.attempt != attempt:
+        raise Conflict("That attempt of the job is over.", code="stale_attempt")
+    return job
+
+
+@transaction.atomic
+def job_started(*, node: Node, job_id: int, attempt: int, pid: int | None) -> Job:
+    job = _agent_job(node, job_id, attempt)
+    if job.state in (JobState.SCHEDULED, JobState.STARTING):
+        job_transition(
+            job=job,
+            to=JobState.RUNNING,
+            reason=f"Started on {node.name}",
+            actor_label=f"agent:{node.name}",
+            data={"pid": pid, "attempt": attempt},
+        )
+    return job
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    attempt: int
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    message: str = ""
+
+
+@transaction.atomic
+def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
+    """Apply an exit the agent reports: success, failure (maybe restart), or the end of a preemption."""
+    job = _agent_job(node, job_id, report.attempt)
+    label = f"agent:{node.name}"
+    data = {"exit_code": report.exit_code, "signal": report.signal, "attempt": report.attempt}
+    if job.is_terminal:
+        return job  # cancelled while running: the stop is confirmed, nothing changes
+    job.exit_code = report.exit_code
+    if job.state == JobState.PREEMPTING:
+        job.resume = bool(job.checkpoint_dir)
+        job.preempt_deadline = None
+        how = "resumes from its checkpoint" if job.resume else "restarts from the beginning"
+        job_transition(
+            job=job,
+            to=JobState.QUEUED,
+            reason=f"Preempted and requeued; it {how}",
+            actor_label=label,
+            data=data,
+            end_reason=Allocation.EndReason.PREEMPTED,
+            update_fields=("exit_code", "resume", "preempt_deadline"),
+        )
+    elif report.exit_code == 0:
+        job_transition(
+            job=job,
+            to=JobState.SUCCEEDED,
+            reason="Exited with code 0",
+            actor_label=label,
+            data=data,
+            update_fields=("exit_code",),
+        )
+    else:
+        what = (
+            f"exit code {report.exit_code}"
+            if report.exit_code is not None
+            else f"signal {report.signal}"
+        )
+        if report.reason == "failed_to_start":
+            what = f"failed to start: {report.message[:200]}"
+        if job.restarts < job.max_restarts and job.state == JobState.RUNNING:
+            job.restarts += 1
+            job.resume = bool(job.checkpoint_dir)
+            job_transition(
+                job=job,
+                to=JobState.QUEUED,
+                reason=f"Failed with {what}; restart {job.restarts} of {job.max_restarts}",
+                actor_label=label,
+                data=data,
+                end_reason=Allocation.EndReason.FAILED,
+                update_fields=("exit_code", "restarts", "resume"),
+            )
+        else:
+            job.failure_reason = f"Failed with {what}"[:500]
+            job_transition(
+                job=job,
+                to=JobState.FAILED,
+                reason=job.failure_reason,
+                actor_label=label,
+                data=data,
+                update_fields=("exit_code", "failure_reason"),
+            )
+    from scheduler.tasks import request_cycle
+
+    transaction.on_commit(request_cycle)
+    return job
+
+
+def job_log_append(
+    *, node: Node, job_id: int, attempt: int, seq: int, stream: str, text: str
+) -> bool:
+    """Store a log chunk once; a retried chunk is ignored. Returns whether it was new.
+
+    Chunks of an attempt this node ran are accepted even after the job ended (the last
+    lines can race the exit report).
+    """
+    if not Allocation.objects.filter(job_id=job_id, node=node, attempt=attempt).exists():
+        raise Conflict("This node did not run that job attempt.", code="stale_attempt")
+    try:
+        with transaction.atomic():
+            LogChunk.objects.create(
+                job_id=job_id, attempt=attempt, seq=seq, stream=stream, text=text
+            )
+    except IntegrityError:
+        return False
+    return True
+
+
+def lost_nodes_sweep(*, now: datetime | None = None) -> list[int]:
+    """Nodes silent for longer than NODE_LOST_AFTER_SECONDS become lost; their jobs are requeued
+    (or failed when they may not restart). Returns the ids of the nodes marked lost."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
+    silent = Node.objects.filter(
+        state__in=[
+            Node.State.READY,
+            Node.State.CORDONED,
+            Node.State.DRAINING,
+            Node.State.UNHEALTHY,
+        ],
+        last_heartbeat_at__lt=cutoff,
+    ).values_list("pk", flat=True)
+    lost = []
+    for node_id in silent:
+        with transaction.atomic():
+            node = Node.objects.select_for_update().get(pk=node_id)
+            if node.last_heartbeat_at is None or node.last_heartbeat_at >= cutoff:
+                continue
+            node.state = Node.State.LOST
+            node.save(update_fields=["state", "updated_at"])
+            audit_record(
+                actor=None,
+                action="node.lost",
+                target=node,
+                data={"last_heartbeat": node.last_heartbeat_at.isoformat()},
+            )
+            job_ids = set(
+                Allocation.objects.filter(node=node, ended_at__isnull=True).values_list(
+                    "job_id", flat=True
+                )
+            )
+            for job in Job.objects.select_for_update().filter(pk__in=job_ids).order_by("pk"):
+                _job_lost(job, node)
+            lost.append(node.pk)
+    if lost:
+        from scheduler.tasks import request_cycle
+
+        request_cycle()
+    return lost
+
+
+def _job_lost(job: Job, node: Node) -> None:
+    if job.is_terminal or job.state == JobState.LOST:
+        return
+    job_transition(
+        job=job,
+        to=JobState.LOST,
+        reason=f"Node {node.name} stopped answering",
+        actor_label="health-sweep",
+        end_reason=Allocation.EndReason.NODE_LOST,
+    )
+    if job.restarts < max(job.max_restarts, 1) or job.preemptible:
+        job.restarts += 1
+        job.resume = bool(job.checkpoint_dir)
+        job_transition(
+            job=job,
+            to=JobState.QUEUED,
+            reason="Requeued after its node was lost"
+            + (" (resumes from checkpoint)" if job.resume else ""),
+            actor_label="health-sweep",
+            update_fields=("restarts", "resume"),
+        )
+    else:
+        job.failure_reason = f"Its node {node.name} was lost and the job may not restart"
+        job_transition(
+            job=job,
+            to=JobState.FAILED,
+            reason=job.failure_reason,
+            actor_label="health-sweep",
+            update_fields=("failure_reason",),
+        )
+
+
+@transaction.atomic
+def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | None = None) -> Node:
+    """Operator actions: cordon (no new work), uncordon, drain (no new work; running work ends)."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    allowed = {
+        "cordon": ({Node.State.READY}, Node.State.CORDONED),
+        "uncordon": ({Node.State.CORDONED, Node.State.DRAINING}, Node.State.READY),
+        "drain": ({Node.State.READY, Node.State.CORDONED}, Node.State.DRAINING),
+    }
+    if action not in allowed:
+        raise DomainError(f"Unknown node action '{action}'.", field="action")
+    sources, target = allowed[action]
+    if node.state not in sources:
+        raise Conflict(f"Node {node.name} is {node.state}; it cannot {action}.")
+    old = node.state
+    node.state = target
+    node.save(update_fields=["state", "updated_at"])
+    if action == "drain":
+        for job in (
+            Job.objects.select_for_update()
+            .filter(
+                allocations__node=node,
+                allocations__ended_at__isnull=True,
+                state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
+            )
+            .distinct()
+        ):
+            job.preempt_deadline = timezone.now() + timedelta(seconds=job.grace_seconds)
+            job_transition(
+                job=job,
+                to=JobState.PREEMPTING,
+                reason=f"Node {node.name} is being drained by an operator; the job will be requeued",
+                actor=actor,
+                update_fields=("preempt_deadline",),
+            )
+    audit_record(
+        actor=actor,
+        action=f"node.{action}",
+        target=node,
+        data={"from": old, "to": target},
+        remote_addr=remote_addr,
+    )
+    return node
+
+
+__all__ = [
+    "ExitReport",
+    "assignments_for",
+    "job_exited",
+    "job_log_append",
+    "job_started",
+    "lost_nodes_sweep",
+    "node_heartbeat",
+    "node_issue_agent_token",
+    "node_register",
+    "node_set_state",
+]

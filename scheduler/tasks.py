@@ -1,0 +1,51 @@
+"""Celery tasks of the scheduler: ids in, one service call, idempotent."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from portal.locks import single_flight
+from scheduler.cycle import run_cycle
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="scheduler.cycle", queue="scheduler", ignore_result=True, time_limit=120)
+def scheduling_cycle() -> dict[str, int] | None:
+    """One scheduling cycle, single-flight: a cycle already running makes this one a no-op."""
+    with single_flight("scheduler-cycle", ttl=110) as acquired:
+        if not acquired:
+            return None
+        result = run_cycle()
+    if result.placed or result.preempted:
+        log.info(
+            "cycle: placed %d, preempted %d, pending %d in %.3fs",
+            len(result.placed),
+            len(result.preempted),
+            result.pending,
+            result.seconds,
+        )
+    return {
+        "placed": len(result.placed),
+        "preempted": len(result.preempted),
+        "pending": result.pending,
+    }
+
+
+def request_cycle() -> None:
+    """Ask for a cycle now (job submitted or ended). Call after commit."""
+    if getattr(settings, "SCHEDULER_SYNC_CYCLE", False):
+        scheduling_cycle.apply()
+        return
+    scheduling_cycle.delay()
+
+
+@shared_task(name="scheduler.health_sweep", queue="scheduler", ignore_result=True, time_limit=60)
+def health_sweep() -> int:
+    """Mark silent nodes lost and requeue their work. Idempotent."""
+    from scheduler.nodes import lost_nodes_sweep
+
+    return len(lost_nodes_sweep())

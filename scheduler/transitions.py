@@ -1,0 +1,121 @@
+"""The job state machine: one function performs every transition, checked against one table.
+
+Every transition writes a JobEvent (who, when, why) in the same transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.errors import Conflict
+from portal.models import User
+from scheduler.models import Allocation, Job, JobEvent
+from scheduler.models import JobState as S
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.QUEUED, S.REJECTED, S.CANCELLED}),
+    S.QUEUED: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED}),
+    S.SCHEDULED: frozenset(
+        {S.STARTING, S.RUNNING, S.CANCELLED, S.PREEMPTING, S.LOST, S.FAILED, S.SUCCEEDED}
+    ),
+    S.STARTING: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.PREEMPTING, S.LOST, S.SUCCEEDED}),
+    S.RUNNING: frozenset(
+        {S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTING, S.LOST, S.QUEUED}  # QUEUED: restart
+    ),
+    S.PREEMPTING: frozenset({S.QUEUED, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.LOST}),
+    S.LOST: frozenset({S.QUEUED, S.FAILED, S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.REJECTED: frozenset(),
+}
+
+# Leaving a state that holds GPUs for one that does not ends the job's allocations.
+HOLDS_GPUS = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTING})
+END_REASON_FOR = {
+    S.SUCCEEDED: Allocation.EndReason.COMPLETED,
+    S.FAILED: Allocation.EndReason.FAILED,
+    S.CANCELLED: Allocation.EndReason.CANCELLED,
+    S.QUEUED: Allocation.EndReason.PREEMPTED,
+    S.LOST: Allocation.EndReason.NODE_LOST,
+}
+
+
+def can_transition(from_state: str, to_state: str) -> bool:
+    return to_state in TRANSITIONS.get(from_state, frozenset())
+
+
+@transaction.atomic
+def job_transition(
+    *,
+    job: Job,
+    to: str,
+    reason: str,
+    actor: User | None = None,
+    actor_label: str | None = None,
+    data: dict[str, Any] | None = None,
+    end_reason: str | None = None,
+    update_fields: tuple[str, ...] = (),
+) -> Job:
+    """Move `job` (locked by the caller, or locked here) to state `to`, or raise Conflict.
+
+    Extra attributes the caller set on `job` are saved when named in `update_fields`.
+    """
+    current = Job.objects.select_for_update().values_list("state", flat=True).get(pk=job.pk)
+    if not can_transition(current, to):
+        raise Conflict(
+            f"Job {job.pk} is {current}; it cannot become {to}.", code="invalid_transition"
+        )
+    now = timezone.now()
+    fields = {"state", "updated_at", *update_fields}
+    job.state = to
+    if to == S.QUEUED:
+        job.queued_at = now
+        fields.add("queued_at")
+    if to == S.RUNNING and job.started_at is None:
+        job.started_at = now
+        fields.add("started_at")
+    if to in (S.SUCCEEDED, S.FAILED, S.CANCELLED, S.REJECTED):
+        job.finished_at = now
+        job.pending_reason = job.pending_message = ""
+        job.queue_position = None
+        job.estimated_start_at = None
+        fields |= {
+            "finished_at",
+            "pending_reason",
+            "pending_message",
+            "queue_position",
+            "estimated_start_at",
+        }
+    job.save(update_fields=sorted(fields))
+    if current in HOLDS_GPUS and to not in HOLDS_GPUS:
+        Allocation.objects.filter(job=job, ended_at__isnull=True).update(
+            ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, "")
+        )
+    JobEvent.objects.create(
+        job=job,
+        from_state=current,
+        to_state=to,
+        actor=actor,
+        actor_label=actor_label or (str(actor) if actor else "system"),
+        reason=reason[:500],
+        data=data or {},
+    )
+    return job
+
+
+def job_note(
+    *, job: Job, reason: str, actor_label: str = "system", data: dict[str, Any] | None = None
+) -> None:
+    """A JobEvent that records a fact without changing state (e.g. a pending reason change)."""
+    JobEvent.objects.create(
+        job=job,
+        from_state=job.state,
+        to_state=job.state,
+        actor_label=actor_label,
+        reason=reason[:500],
+        data=data or {},
+    )

@@ -1,0 +1,418 @@
+"""Jobs end to end at the service and API level: admission, the cycle, agent reports."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from portal.models import Membership, QuotaModelLimit, Role
+from scheduler.cycle import run_cycle
+from scheduler.models import Allocation, Job, JobEvent, JobState
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def lab(team, fleet):
+    return {**team, **fleet}
+
+
+def agent(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def submit(api, user, **fields):
+    body = {"project": "alpha", "name": "train", "command": "python train.py", **fields}
+    resp = api(user).post("/api/v1/jobs", body, format="json")
+    assert resp.status_code == 201, resp.content
+    return resp.json()
+
+
+def node_of(job_id: int) -> str:
+    return Allocation.objects.filter(job_id=job_id, ended_at__isnull=True).first().node.name
+
+
+def test_submit_schedule_run_succeed(lab, api):
+    job = submit(api, lab["member"], gpus=2, gpu_model="H100-80GB-SXM")
+    assert job["state"] == "queued"
+    assert run_cycle().placed == [job["id"]]
+    node = node_of(job["id"])
+    client = agent(lab["tokens"][node])
+    assignments = client.get("/api/agent/v1/assignments").json()["assignments"]
+    assert [a["job_id"] for a in assignments] == [job["id"]]
+    a = assignments[0]
+    assert (
+        a["action"] == "run" and len(a["gpu_uuids"]) == 2 and a["env"]["JOB_ID"] == str(job["id"])
+    )
+    assert (
+        client.post(
+            f"/api/agent/v1/jobs/{job['id']}/started", {"attempt": 1, "pid": 42}, format="json"
+        ).json()["state"]
+        == "running"
+    )
+    assert (
+        client.post(
+            f"/api/agent/v1/jobs/{job['id']}/logs",
+            {"attempt": 1, "seq": 0, "stream": "stdout", "text": "step 1\n"},
+            format="json",
+        ).status_code
+        == 201
+    )
+    assert (
+        client.post(
+            f"/api/agent/v1/jobs/{job['id']}/logs",
+            {"attempt": 1, "seq": 0, "stream": "stdout", "text": "step 1\n"},
+            format="json",
+        ).status_code
+        == 200
+    )
+    resp = client.post(
+        f"/api/agent/v1/jobs/{job['id']}/exited",
+        {"attempt": 1, "exit_code": 0, "reason": "exited"},
+        format="json",
+    )
+    assert resp.json()["state"] == "succeeded"
+    assert not Allocation.objects.filter(job_id=job["id"], ended_at__isnull=True).exists()
+    states = list(JobEvent.objects.filter(job_id=job["id"]).values_list("to_state", flat=True))
+    assert states == ["pending", "queued", "scheduled", "running", "succeeded"]
+    logs = api(lab["member"]).get(f"/api/v1/jobs/{job['id']}/logs").json()
+    assert logs["text"] == "step 1\n"
+
+
+def test_another_nodes_token_cannot_touch_the_job(lab, api):
+    job = submit(api, lab["member"], gpus=2, gpu_model="H100-80GB-SXM")
+    run_cycle()
+    other = "h2" if node_of(job["id"]) == "h1" else "h1"
+    client = agent(lab["tokens"][other])
+    assert client.get("/api/agent/v1/assignments").json()["assignments"] == []
+    resp = client.post(
+        f"/api/agent/v1/jobs/{job['id']}/exited",
+        {"attempt": 1, "exit_code": 0, "reason": "exited"},
+        format="json",
+    )
+    assert resp.status_code == 409
+    assert Job.objects.get(pk=job["id"]).state == JobState.SCHEDULED
+    assert agent("gpn_forged").get("/api/agent/v1/assignments").status_code == 401
+    # a user's API session is not an agent
+    assert api(lab["member"]).get("/api/agent/v1/assignments").status_code in (401, 403)
+
+
+def test_cancel_frees_gpus_at_once_and_agent_stops(lab, api):
+    job = submit(api, lab["member"], gpus=2, gpu_model="H100-80GB-SXM")
+    run_cycle()
+    node = node_of(job["id"])
+    resp = api(lab["member"]).post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert resp.json()["state"] == "cancelled"
+    assert not Allocation.objects.filter(job_id=job["id"], ended_at__isnull=True).exists()
+    assert agent(lab["tokens"][node]).get("/api/agent/v1/assignments").json()["assignments"] == []
+    assert api(lab["viewer"]).post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 403
+    assert api(lab["member"]).post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 400
+
+
+def test_failure_restarts_then_fails(lab, api):
+    job = submit(
+        api,
+        lab["member"],
+        gpus=1,
+        gpu_model="H100-80GB-SXM",
+        max_restarts=1,
+        checkpoint_dir="/ckpt/a",
+    )
+    for attempt, expected in [(1, "queued"), (2, "failed")]:
+        run_cycle()
+        client = agent(lab["tokens"][node_of(job["id"])])
+        client.post(f"/api/agent/v1/jobs/{job['id']}/started", {"attempt": attempt}, format="json")
+        resp = client.post(
+            f"/api/agent/v1/jobs/{job['id']}/exited",
+            {"attempt": attempt, "exit_code": 3, "reason": "exited"},
+            format="json",
+        )
+        assert resp.json()["state"] == expected
+    row = Job.objects.get(pk=job["id"])
+    assert row.exit_code == 3 and "exit code 3" in row.failure_reason and row.restarts == 1
+
+
+def test_preempt_and_resume_from_checkpoint(lab, api):
+    lab["a"].quota.max_priority = 3
+    lab["a"].quota.save()
+    low = submit(
+        api,
+        lab["member"],
+        gpus=4,
+        gpu_model="H100-80GB-SXM",
+        preemptible=True,
+        priority="low",
+        checkpoint_dir="/ckpt/low",
+    )
+    run_cycle()
+    Job.objects.filter(pk=low["id"]).update(min_runtime_s=0)
+    high = submit(api, lab["owner"], gpus=2, gpu_model="H100-80GB-SXM", priority="high")
+    result = run_cycle()
+    assert result.preempted == [low["id"]]
+    assert Job.objects.get(pk=low["id"]).state == JobState.PREEMPTING
+    assert Job.objects.get(pk=high["id"]).state == JobState.QUEUED
+    # the agent of each node sees "stop" for the victim
+    for name in ("h1", "h2"):
+        a = agent(lab["tokens"][name]).get("/api/agent/v1/assignments").json()["assignments"]
+        assert a and a[0]["action"] == "stop" and a[0]["stop_reason"] == "preempt"
+    agent(lab["tokens"]["h1"]).post(
+        f"/api/agent/v1/jobs/{low['id']}/exited",
+        {"attempt": 1, "exit_code": 143, "reason": "preempted"},
+        format="json",
+    )
+    victim = Job.objects.get(pk=low["id"])
+    assert victim.state == JobState.QUEUED and victim.resume
+    assert set(Allocation.objects.filter(job=victim).values_list("end_reason", flat=True)) == {
+        "preempted"
+    }
+    run_cycle()
+    assert Job.objects.get(pk=high["id"]).state == JobState.SCHEDULED
+    # the victim resumes later with RESUME=1 and the same checkpoint directory
+    api(lab["owner"]).post(f"/api/v1/jobs/{high['id']}/cancel")
+    run_cycle()
+    node = node_of(low["id"])
+    a = agent(lab["tokens"][node]).get("/api/agent/v1/assignments").json()["assignments"][0]
+    assert (
+        a["env"]["RESUME"] == "1"
+        and a["env"]["CHECKPOINT_DIR"] == "/ckpt/low"
+        and a["attempt"] == 2
+    )
+
+
+def test_gang_spreads_over_two_nodes(lab, api):
+    job = submit(api, lab["member"], gpus=4, gpu_model="H100-80GB-SXM")
+    assert run_cycle().placed == [job["id"]]
+    nodes = set(Allocation.objects.filter(job_id=job["id"]).values_list("node__name", flat=True))
+    assert nodes == {"h1", "h2"}
+    gang = submit(
+        api, lab["member"], name="gang", nodes=2, gpus_per_node=2, gpu_model="H100-80GB-SXM"
+    )
+    run_cycle()
+    detail = api(lab["member"]).get(f"/api/v1/jobs/{gang['id']}").json()
+    assert detail["state"] == "queued"
+    assert detail["pending"]["reason"] and detail["pending"]["message"]
+
+
+def test_fraction_shares_one_gpu(lab, api):
+    ids = [
+        submit(
+            api, lab["member"], name=f"f{i}", gpu_milli=500, gpu_memory_mib=8000, gpu_model="L4"
+        )["id"]
+        for i in range(3)
+    ]
+    run_cycle()
+    allocs = list(Allocation.objects.filter(job_id__in=ids))
+    assert len(allocs) == 3 and all(a.share_milli == 500 for a in allocs)
+    per_gpu = {}
+    for a in allocs:
+        per_gpu[a.gpu_id] = per_gpu.get(a.gpu_id, 0) + a.share_milli
+    assert max(per_gpu.values()) <= 2000
+
+
+def test_quota_rejections_and_borrowing(lab, api):
+    quota = lab["a"].quota
+    quota.max_gpus_per_job = 2
+    quota.save()
+    job = submit(api, lab["member"], gpus=4)
+    assert job["state"] == "rejected" and "at most 2 per job" in job["failure_reason"]
+    quota.max_gpus_per_job = 8
+    quota.max_gpus = 1
+    quota.allow_borrowing = False
+    quota.save()
+    job = submit(api, lab["member"], gpus=2)
+    assert job["state"] == "rejected" and "quota is 1" in job["failure_reason"]
+    job = submit(api, lab["member"], gpus=1, priority="urgent")
+    assert job["state"] == "rejected" and "ceiling" in job["failure_reason"]
+    quota.allow_borrowing = True
+    quota.save()
+    job = submit(api, lab["member"], gpus=2)
+    assert job["state"] == "queued" and job["borrowed"] is True
+
+
+def test_per_model_quota_holds_concurrency(lab, api):
+    QuotaModelLimit.objects.create(quota=lab["a"].quota, gpu_model=lab["h100"], max_gpus=2)
+    lab["a"].quota.allow_borrowing = False
+    lab["a"].quota.save()
+    first = submit(api, lab["member"], gpus=2, gpu_model="H100-80GB-SXM")
+    second = submit(api, lab["member"], gpus=1, gpu_model="H100-80GB-SXM")
+    run_cycle()
+    assert Job.objects.get(pk=first["id"]).state == JobState.SCHEDULED
+    waiting = api(lab["member"]).get(f"/api/v1/jobs/{second['id']}").json()
+    assert waiting["state"] == "queued" and waiting["pending"]["reason"] == "quota"
+
+
+def test_manifest_import(lab, api):
+    manifest = """
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: resnet
+  namespace: alpha
+  annotations:
+    gpucloud.example/runtime-estimate-seconds: "3600"
+spec:
+  backoffLimit: 2
+  template:
+    spec:
+      containers:
+      - name: main
+        image: nvcr.io/nvidia/pytorch:24.05-py3
+        command: ["python", "train.py"]
+        args: ["--epochs", "3"]
+        env: [{name: EPOCHS, value: "3"}]
+        resources:
+          limits: {nvidia.com/gpu: 2, nvidia.com/gpu.model: H100-80GB-SXM, cpu: "8", memory: 64Gi}
+      restartPolicy: Never
+"""
+    resp = api(lab["member"]).generic(
+        "POST", "/api/v1/jobs/manifest", manifest, content_type="application/yaml"
+    )
+    assert resp.status_code == 201, resp.content
+    job = Job.objects.get(pk=resp.json()["id"])
+    assert (job.gpus, job.gpu_model.name, job.cpu_milli, job.memory_mib) == (
+        2,
+        "H100-80GB-SXM",
+        8000,
+        65536,
+    )
+    assert job.command == "python train.py --epochs 3" and job.max_restarts == 2
+    assert (
+        job.source == "manifest" and job.runtime_estimate_s == 3600 and job.env == {"EPOCHS": "3"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ("kind: Deployment", "kind"),
+        ("nvidia.com/gpu: two", "nvidia.com/gpu"),
+        ("nvidia.com/gpu.model: B300", "unknown GPU model"),
+        ("memory: lots", "memory"),
+        ("{{{", "not valid YAML"),
+    ],
+)
+def test_bad_manifests_are_400_with_the_path(lab, api, patch, field):
+    base = 'apiVersion: batch/v1\nkind: Job\nmetadata: {name: x, namespace: alpha}\nspec:\n  template:\n    spec:\n      containers:\n      - command: ["true"]\n        resources:\n          limits:\n            nvidia.com/gpu: 1\n'
+    if patch.startswith("kind"):
+        text = base.replace("kind: Job", patch)
+    elif patch == "{{{":
+        text = patch
+    elif patch.startswith("memory"):
+        text = base + "            " + patch + "\n"
+    else:
+        key = patch.split(":")[0]
+        text = (
+            base.replace("nvidia.com/gpu: 1", "nvidia.com/gpu: 1\n            " + patch)
+            if "model" in key
+            else base.replace("nvidia.com/gpu: 1", patch)
+        )
+    resp = api(lab["member"]).generic(
+        "POST", "/api/v1/jobs/manifest", text, content_type="application/yaml"
+    )
+    assert resp.status_code == 400, resp.content
+    assert field in str(resp.json())
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "bad"),
+    [
+        ({"gpus": 0}, "gpus"),
+        ({"gpus": 2, "gpu_milli": 500}, "gpu_milli"),
+        ({"nodes": 2}, "nodes"),
+        ({"gpu_model": "B300"}, "gpu_model"),
+        ({"precisions": ["fp4"]}, "precisions"),
+        ({"gpu_model": "T4", "precisions": ["bf16"]}, "precisions"),
+        ({"gpu_model": "L4", "min_gpu_memory_gb": 40}, "min_gpu_memory_gb"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env"),
+        ({"env": {"1BAD": "x"}}, "env"),
+        ({"checkpoint_dir": "relative/path"}, "checkpoint_dir"),
+        ({"priority": "mega"}, "priority"),
+        ({"elastic_min": 4, "gpus": 2}, "elastic_min"),
+        ({"gpus": "many"}, "gpus"),
+        ({"project": "beta"}, "detail"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_invalid_job_fields_are_400_naming_the_field(lab, api, fields, bad):
+    body = {"project": "alpha", "name": "x", "command": "true", **fields}
+    resp = api(lab["member"]).post("/api/v1/jobs", body, format="json")
+    assert resp.status_code in (400, 404), resp.content
+    assert bad in resp.json()
+    assert Job.objects.count() == 0
+
+
+def test_dry_run_estimates_cost_and_start(lab, api):
+    body = {
+        "project": "alpha",
+        "name": "x",
+        "command": "true",
+        "gpus": 2,
+        "gpu_model": "H100-80GB-SXM",
+        "runtime_estimate_s": 7200,
+    }
+    resp = api(lab["member"]).post("/api/v1/jobs/dry-run", body, format="json").json()
+    assert resp["admitted"] and resp["would_start_now"]
+    assert (
+        resp["rate_per_gpu_hour"] == "3.5000"
+        and resp["cost_per_hour"] == "7.00"
+        and resp["cost_for_estimate"] == "14.00"
+    )
+    submit(api, lab["member"], gpus=4, gpu_model="H100-80GB-SXM", runtime_estimate_s=3600)
+    run_cycle()
+    resp = api(lab["member"]).post("/api/v1/jobs/dry-run", body, format="json").json()
+    assert not resp["would_start_now"] and resp["estimated_start"] is not None
+    assert resp["wait_reason"] and resp["wait_message"]
+    assert Job.objects.count() == 1
+
+
+def test_viewer_cannot_submit_and_outsider_cannot_see(lab, api):
+    resp = api(lab["viewer"]).post(
+        "/api/v1/jobs", {"project": "alpha", "name": "x", "command": "true"}, format="json"
+    )
+    assert resp.status_code == 403
+    job = submit(api, lab["member"])
+    assert api(lab["outsider"]).get(f"/api/v1/jobs/{job['id']}").status_code == 404
+    assert api(lab["outsider"]).get("/api/v1/jobs").json()["results"] == []
+    Membership.objects.filter(project=lab["a"], user=lab["member"]).update(role=Role.VIEWER)
+    assert api(lab["member"]).post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 403
+
+
+def test_array_job_gives_each_shard_its_index(lab, api):
+    jobs = (
+        api(lab["member"])
+        .post(
+            "/api/v1/jobs",
+            {
+                "project": "alpha",
+                "name": "render",
+                "command": "render.sh",
+                "gpu_model": "L4",
+                "shard_count": 3,
+            },
+            format="json",
+        )
+        .json()
+    )
+    assert [j["shard_index"] for j in jobs] == [0, 1, 2]
+    run_cycle()
+    envs = [
+        a["env"]
+        for a in agent(lab["tokens"]["l1"]).get("/api/agent/v1/assignments").json()["assignments"]
+    ]
+    assert sorted((e["SHARD_INDEX"], e["SHARD_COUNT"]) for e in envs) == [
+        ("0", "3"),
+        ("1", "3"),
+        ("2", "3"),
+    ]
+
+
+def test_job_list_has_no_n_plus_one(lab, api, django_assert_max_num_queries):
+    for i in range(5):
+        submit(api, lab["member"], name=f"j{i}")
+    client = api(lab["member"])
+    with django_assert_max_num_queries(6):
+        resp = client.get("/api/v1/jobs?state=queued")
+    assert len(resp.json()["results"]) == 5
