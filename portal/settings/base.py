@@ -204,3 +204,5 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 20},
     },
 }
+
+from portal.settings.billing import *  # noqa: E402,F403

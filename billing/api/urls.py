@@ -1,0 +1,3 @@
+"""Billing API (mounted at /api/v1/billing/)."""
+
+urlpatterns: list[object] = []

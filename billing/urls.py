@@ -1,0 +1,6 @@
+"""Billing pages (mounted at /billing/)."""
+
+from django.urls import path
+
+app_name = "billing"
+urlpatterns: list[object] = []

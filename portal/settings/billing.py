@@ -1,0 +1,1 @@
+"""Billing settings (owned by the billing app); imported at the end of base settings."""
