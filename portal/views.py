@@ -13,7 +13,9 @@ from portal.errors import DomainError
 from portal.forms import MemberAddForm, MemberRoleForm, TokenCreateForm
 from portal.middleware import SESSION_KEY
 from portal.models import Role, User
-from scheduler.selectors import gpu_model_list, project_quota_usage
+from scheduler.estimates import model_availability
+from scheduler.models import ACTIVE_STATES, JobState
+from scheduler.selectors import job_list_visible_to, project_quota_usage
 
 
 def _user(request: HttpRequest) -> User:
@@ -22,11 +24,24 @@ def _user(request: HttpRequest) -> User:
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    projects = selectors.project_list_visible_to(user=_user(request))
+    """The researcher's dashboard: my active jobs, GPU-hours against quota, models available."""
+    user = _user(request)
+    projects = list(selectors.project_list_visible_to(user=user).select_related("quota"))
+    my_jobs = (
+        job_list_visible_to(user=user)
+        .filter(submitted_by=user, state__in=[*ACTIVE_STATES, JobState.QUEUED])
+        .order_by("state", "-created_at")[:20]
+    )
+    usage = [{"project": p, "rows": project_quota_usage(project=p)[:2]} for p in projects[:8]]
     return render(
         request,
         "portal/home.html",
-        {"projects": projects, "gpu_models": gpu_model_list()[:6]},
+        {
+            "projects": projects,
+            "my_jobs": my_jobs,
+            "usage": usage,
+            "availability": model_availability(),
+        },
     )
 
 

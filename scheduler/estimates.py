@@ -89,6 +89,23 @@ def quote(
     return rate, per_hour, total
 
 
+def job_hourly_cost(job: Job) -> Decimal | None:
+    """What the job costs per hour while it runs, at today's rates."""
+    spec = JobSpec(
+        name=job.name,
+        command=job.command,
+        gpus=job.gpus,
+        gpu_milli=job.gpu_milli,
+        gpu_model=job.gpu_model,
+        min_gpu_memory_gb=job.min_gpu_memory_gb,
+        precisions=tuple(job.precisions),
+        nodes=job.nodes,
+        gpus_per_node=job.gpus_per_node,
+        preemptible=job.preemptible,
+    )
+    return quote(spec, borrowed=job.borrowed)[1]
+
+
 def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
     """Plan the cluster as it is now with this job added; nothing is written."""
     spec = spec_validate(spec)

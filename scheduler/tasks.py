@@ -13,7 +13,7 @@ from scheduler.cycle import run_cycle
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="scheduler.cycle", queue="scheduler", ignore_result=True, time_limit=120)
+@shared_task(name="scheduler.cycle", ignore_result=True, time_limit=120, soft_time_limit=100)
 def scheduling_cycle() -> dict[str, int] | None:
     """One scheduling cycle, single-flight: a cycle already running makes this one a no-op."""
     with single_flight("scheduler-cycle", ttl=110) as acquired:
@@ -43,7 +43,7 @@ def request_cycle() -> None:
     scheduling_cycle.delay()
 
 
-@shared_task(name="scheduler.health_sweep", queue="scheduler", ignore_result=True, time_limit=60)
+@shared_task(name="scheduler.health_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)
 def health_sweep() -> int:
     """Mark silent nodes lost and requeue their work. Idempotent."""
     from scheduler.nodes import lost_nodes_sweep

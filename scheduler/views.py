@@ -1,15 +1,33 @@
-"""Pages of the scheduler app: the GPU catalog."""
+"""Pages of the scheduler app: GPU catalog, job form with dry run, job list and detail."""
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from portal.errors import DomainError
-from scheduler.models import PRECISIONS
+from portal.models import PriorityClass, Role, User
+from portal.selectors import project_list_visible_to, project_role_of
+from scheduler import selectors
+from scheduler.admission import job_cancel, job_submit
+from scheduler.estimates import job_dry_run, job_hourly_cost, model_availability, quote
+from scheduler.forms import JobForm
+from scheduler.models import PRECISIONS, JobState, LogChunk
 from scheduler.selectors import CatalogFilter, gpu_model_list
+
+
+def _user(request: HttpRequest) -> User:
+    return request.user  # type: ignore[return-value]
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.boosted  # type: ignore[union-attr]
 
 
 @login_required
@@ -27,7 +45,146 @@ def catalog(request: HttpRequest) -> HttpResponse:
         "memory_choices": [16, 24, 40, 48, 80, 141],
         "error": error,
     }
-    htmx = getattr(request, "htmx", None)
-    if htmx and not htmx.boosted:
+    if _is_htmx(request):
         return render(request, "scheduler/partials/_catalog_table.html", context)
     return render(request, "scheduler/catalog.html", context, status=400 if error else 200)
+
+
+def _submittable_projects(user: User):  # type: ignore[no-untyped-def]
+    return project_list_visible_to(user=user).filter(
+        memberships__user=user, memberships__role__in=[Role.OWNER, Role.MEMBER]
+    )
+
+
+@login_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    projects = _submittable_projects(_user(request))
+    initial = {
+        "project": request.GET.get("project") or getattr(request, "current_project_slug", None)
+    }
+    if request.GET.get("gpu_model"):
+        initial["gpu_model"] = request.GET["gpu_model"]
+    form = JobForm(request.POST or None, projects=projects, initial=initial)
+    if request.method == "POST" and form.is_valid() and form.spec is not None:
+        try:
+            jobs = job_submit(
+                actor=_user(request),
+                project=form.cleaned_data["project"],
+                spec=form.spec,
+                remote_addr=request.META.get("REMOTE_ADDR"),
+            )
+        except DomainError as exc:
+            form.add_error(None, exc.message)
+        else:
+            job = jobs[0]
+            if job.state == JobState.REJECTED:
+                messages.error(request, f"Job rejected: {job.failure_reason}")
+            else:
+                messages.success(
+                    request, f"Submitted {len(jobs)} job{'s' if len(jobs) > 1 else ''}."
+                )
+            return redirect("job-detail", job_id=job.pk)
+    return render(
+        request,
+        "scheduler/job_form.html",
+        {"form": form, "availability": model_availability(), "no_projects": not projects.exists()},
+        status=400 if request.method == "POST" else 200,
+    )
+
+
+@login_required
+@require_POST
+def job_dry_run_view(request: HttpRequest) -> HttpResponse:
+    """The dry-run panel beside the form (htmx): cost, estimated start, quota, why it waits."""
+    form = JobForm(request.POST, projects=_submittable_projects(_user(request)))
+    context: dict[str, object] = {"form": form}
+    if form.is_valid() and form.spec is not None:
+        try:
+            context["dry"] = job_dry_run(project=form.cleaned_data["project"], spec=form.spec)
+        except DomainError as exc:
+            context["error"] = exc.message
+    else:
+        spec = form.spec
+        context["rate"] = quote(spec)[1] if spec else None
+    return render(request, "scheduler/partials/_dry_run.html", context)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+def job_list(request: HttpRequest) -> HttpResponse:
+    qs = selectors.job_list_visible_to(user=_user(request))
+    error = None
+    try:
+        qs = selectors.job_filter(qs, request.GET.dict())
+    except DomainError as exc:
+        error = exc.message
+    if request.GET.get("mine"):
+        qs = qs.filter(submitted_by=_user(request))
+    page = Paginator(qs, 25).get_page(request.GET.get("page"))
+    context = {
+        "page": page,
+        "jobs": page.object_list,
+        "states": JobState.choices,
+        "projects": project_list_visible_to(user=_user(request)),
+        "params": request.GET,
+        "error": error,
+    }
+    if _is_htmx(request):
+        return render(request, "scheduler/partials/_job_table.html", context)
+    return render(request, "scheduler/job_list.html", context, status=400 if error else 200)
+
+
+@login_required
+@vary_on_headers("HX-Request")
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    role = project_role_of(user=_user(request), project=job.project)
+    context = {
+        "job": job,
+        "priority": PriorityClass(job.priority).label,
+        "events": job.events.all(),
+        "placement": selectors.job_placement(job),
+        "can_cancel": role in (Role.OWNER, Role.MEMBER) and not job.is_terminal,
+        "rate": job_hourly_cost(job),
+    }
+    if _is_htmx(request):
+        return render(request, "scheduler/partials/_job_status.html", context)
+    return render(request, "scheduler/job_detail.html", context)
+
+
+@login_required
+def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Live tail (htmx polls with ?after=<last chunk id> and appends)."""
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    after = request.GET.get("after", "0")
+    text, last = selectors.job_log_text(job, after_id=int(after) if after.isdigit() else 0)
+    return render(
+        request,
+        "scheduler/partials/_log_tail.html",
+        {"job": job, "text": text, "last": last, "done": job.is_terminal},
+    )
+
+
+@login_required
+def job_logs_download(request: HttpRequest, job_id: int) -> StreamingHttpResponse:
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    chunks = (
+        LogChunk.objects.filter(job=job).order_by("attempt", "pk").values_list("text", flat=True)
+    )
+    response = StreamingHttpResponse(
+        (text for text in chunks.iterator()), content_type="text/plain; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.log"'
+    return response
+
+
+@login_required
+@require_POST
+def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    try:
+        job_cancel(actor=_user(request), job=job, remote_addr=request.META.get("REMOTE_ADDR"))
+        messages.success(request, f"Job {job.pk} cancelled; its GPUs are free.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("job-detail", job_id=job.pk)

@@ -92,3 +92,22 @@ def fleet(db):
     }
     tokens = {name: node_issue_agent_token(node=node) for name, node in nodes.items()}
     return {"pool": pool, "nodes": nodes, "tokens": tokens, "h100": h100, "l4": l4}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_test_broker_keys():
+    """Remove this run's broker keys (they carry a per-run prefix) from the shared Redis."""
+    yield
+    from django.conf import settings
+
+    from portal.locks import redis_client
+
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix")
+    if settings.REDIS_URL and prefix:
+        client = redis_client()
+        keys = list(client.scan_iter(f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+
+
+from tests.celery_fixtures import celery_live_worker  # noqa: E402,F401

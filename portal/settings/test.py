@@ -17,3 +17,8 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 CACHES["default"]["KEY_PREFIX"] = f"test-{os.getpid()}"  # noqa: F405
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# Broker keys of this test run cannot be taken by another run on the same Redis.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
+    "global_keyprefix": f"test-{os.getpid()}-",
+}

@@ -1,0 +1,128 @@
+"""The job form: the same JobSpec the API builds, with errors shown next to the fields."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from portal.errors import DomainError
+from portal.models import PriorityClass, Project
+from scheduler.admission import JobSpec, spec_validate
+from scheduler.models import PRECISIONS, GpuModel, Job
+
+
+class JobForm(forms.Form):
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), to_field_name="slug")
+    name = forms.CharField(max_length=100)
+    command = forms.CharField(
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "python train.py --epochs 10"}),
+    )
+    gpu_model = forms.ModelChoiceField(
+        queryset=GpuModel.objects.filter(is_active=True),
+        to_field_name="name",
+        required=False,
+        empty_label="Any GPU that meets the constraints",
+    )
+    min_gpu_memory_gb = forms.IntegerField(min_value=0, max_value=1000, required=False)
+    precisions = forms.MultipleChoiceField(
+        choices=[(p, p) for p in PRECISIONS], required=False, widget=forms.CheckboxSelectMultiple
+    )
+    shape = forms.ChoiceField(
+        choices=[("whole", "Whole GPUs"), ("fraction", "A fraction of one GPU"), ("gang", "Gang")],
+        initial="whole",
+        widget=forms.RadioSelect,
+    )
+    gpus = forms.IntegerField(min_value=1, max_value=4096, initial=1, required=False)
+    gpu_milli = forms.IntegerField(
+        min_value=1, max_value=999, required=False, help_text="Milli-GPU, e.g. 250 = a quarter."
+    )
+    gpu_memory_mib = forms.IntegerField(min_value=0, required=False, label="GPU memory limit (MiB)")
+    nodes = forms.IntegerField(min_value=1, max_value=512, required=False)
+    gpus_per_node = forms.IntegerField(min_value=1, max_value=16, required=False)
+    priority = forms.TypedChoiceField(
+        choices=PriorityClass.choices, coerce=int, initial=PriorityClass.NORMAL
+    )
+    preemptible = forms.BooleanField(
+        required=False, help_text="Cheaper; may be paused and resumed."
+    )
+    runtime_estimate_h = forms.DecimalField(
+        min_value=0,
+        max_value=2160,
+        decimal_places=2,
+        required=False,
+        label="Runtime estimate (hours)",
+    )
+    checkpoint_dir = forms.CharField(max_length=500, required=False)
+    elastic_min = forms.IntegerField(min_value=1, required=False)
+    elastic_max = forms.IntegerField(min_value=1, required=False)
+    shard_count = forms.IntegerField(min_value=1, max_value=1000, initial=1, required=False)
+    max_restarts = forms.IntegerField(min_value=0, max_value=10, initial=0, required=False)
+    env = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "KEY=value, one per line"}),
+        label="Environment",
+    )
+
+    def __init__(self, *args: Any, projects: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if projects is not None:
+            self.fields["project"].queryset = projects  # type: ignore[attr-defined]
+        self.spec: JobSpec | None = None
+
+    def clean_env(self) -> dict[str, str]:
+        text = self.cleaned_data.get("env") or ""
+        env = {}
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            if "=" not in line:
+                raise forms.ValidationError(f"Line {n}: write KEY=value.")
+            key, value = line.split("=", 1)
+            env[key.strip()] = value
+        return env
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        shape = data.get("shape") or "whole"
+        runtime_h = data.get("runtime_estimate_h")
+        spec = JobSpec(
+            name=data.get("name", ""),
+            command=data.get("command", ""),
+            gpu_model=data.get("gpu_model"),
+            min_gpu_memory_gb=data.get("min_gpu_memory_gb") or 0,
+            precisions=tuple(data.get("precisions") or ()),
+            gpus=(data.get("gpus") or 1) if shape == "whole" else 1,
+            gpu_milli=(data.get("gpu_milli") or 500) if shape == "fraction" else 1000,
+            gpu_memory_mib=(data.get("gpu_memory_mib") or 0) if shape == "fraction" else 0,
+            nodes=data.get("nodes") if shape == "gang" else None,
+            gpus_per_node=data.get("gpus_per_node") if shape == "gang" else None,
+            priority=data.get("priority", PriorityClass.NORMAL),
+            preemptible=bool(data.get("preemptible")),
+            runtime_estimate_s=int(runtime_h * 3600) if runtime_h else None,
+            checkpoint_dir=data.get("checkpoint_dir") or "",
+            elastic_min=data.get("elastic_min") if shape == "whole" else None,
+            elastic_max=data.get("elastic_max") if shape == "whole" else None,
+            shard_count=data.get("shard_count") or 1,
+            max_restarts=data.get("max_restarts") or 0,
+            env=data.get("env") or {},
+            source=Job.Source.FORM,
+        )
+        if shape == "gang" and not (spec.nodes and spec.gpus_per_node):
+            self.add_error("nodes", "A gang needs a node count and GPUs per node.")
+            return data
+        try:
+            self.spec = spec_validate(spec)
+        except DomainError as exc:
+            field = exc.field if exc.field in self.fields else None
+            if exc.field == "runtime_estimate_s":
+                field = "runtime_estimate_h"
+            self.add_error(field, exc.message)
+        return data
+
+    def as_json_safe(self) -> str:
+        return json.dumps({k: str(v) for k, v in (self.cleaned_data or {}).items()})

@@ -1,0 +1,38 @@
+"""A real Celery worker (in a thread of the test process) on the real Redis broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from portal.celery import app
+
+
+@pytest.fixture
+def celery_live_worker(transactional_db) -> Iterator[object]:
+    app.conf.task_always_eager = False
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        queues=["scheduler", "default", "provisioning", "telemetry", "billing"],
+        perform_ping_check=False,
+        shutdown_timeout=30,
+    ) as worker:
+        yield worker
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.1
+) -> object:
+    """Poll until `predicate()` is truthy; fail with a clear message on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
