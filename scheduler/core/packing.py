@@ -154,6 +154,9 @@ def simulate_packing(
     fm = FragModel(shapes, st.models)
     arrivals = resample(pods, capacity, tune, seed)
     rng = np.random.default_rng(seed)
+    # Kubernetes takes the first of equally scored nodes in its node list; the authors shuffle
+    # node names per seed, so ties go to a fixed, seeded node order.
+    st.tie_rank = np.random.default_rng(seed + 1).permutation(st.n_nodes).astype(np.int64)
     n = len(arrivals)
     arrived = np.zeros(n + 1, dtype=np.int64)
     alloc = np.zeros(n + 1, dtype=np.int64)

@@ -14,8 +14,11 @@ ties at random, so that `simulate packing` reproduces their published numbers:
 - ``fgd``: fragmentation gradient descent (Weng et al., USENIX ATC '23): per node, the idle GPU
   share that typical task shapes cannot use, weighted by their popularity; place where that
   measure increases least.
-- ``default``: ours. FGD's measure without the sigmoid/integer quantisation, plus a packing
-  tie-break (see `DefaultScorer`).
+- ``default``: ours. FGD's score with better tie-breaks than an arbitrary node order (see
+  `DefaultScorer`).
+
+Ties among equally scored nodes go to the first node in `ClusterState.tie_rank` (a seeded
+permutation, as the authors' simulator effectively does), or uniformly at random without one.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ class RandomScorer(Scorer):
     random_ties = True
 
     def score(self, st, d, rows, usable, rng):  # type: ignore[no-untyped-def]
-        return np.zeros(rows.shape[0]), None
+        # the authors' RandomScore picks one feasible node uniformly per pod
+        return rng.random(rows.shape[0]), None
 
     def fraction_gpu(self, st, d, row, usable, rng):  # type: ignore[no-untyped-def]
         cols = np.flatnonzero(usable[row])
@@ -379,42 +383,38 @@ class FgdScorer(Scorer):
             return self.values(before - after), None
         delta = before[:, None] - after
         vals = np.where(np.isnan(delta), -np.inf, self.values(np.nan_to_num(delta, nan=0.0)))
-        vals = self.refine_fraction(st, d, rows, usable, vals)
         best_col = np.argmax(vals, axis=1).astype(np.int64)
         node_score = vals[np.arange(rows.shape[0]), best_col]
         return node_score, best_col
 
-    def refine_fraction(
-        self, st: ClusterState, d: Demand, rows: IntArray, usable: BoolArray, vals: FloatArray
-    ) -> FloatArray:
-        return vals
-
 
 class DefaultScorer(FgdScorer):
-    """Our default: FGD's fragmentation measure, unquantised, with deterministic tie-breaks.
+    """Our default: FGD's score, with better tie-breaks than an arbitrary node order.
 
-    Primary key: the increase in fragmentation (exact, not squeezed through an integer sigmoid,
-    so a slightly better node is never treated as a tie and diced). Secondary key, weighted far
-    below one milli-GPU of fragmentation: pack — prefer the node and GPU left with the least
-    idle GPU (best fit), so idle GPUs stay together for the whole-GPU jobs that need them.
+    FGD squeezes the fragmentation change through ``int(100·sigmoid(Δ/1000))``, so many nodes
+    tie; the authors' simulator then takes the first tied node in a fixed (seeded) node order.
+    That coarse bucketing helps (measured: an unquantised Δ packs worse, it chases tiny
+    fragmentation differences and spreads work), so we keep FGD's buckets and only decide the
+    ties better, below one score point:
+
+    - a CPU-only task goes to the tied node with the least idle GPU, so its CPU and memory are
+      taken where no GPU is left to strand;
+    - a GPU task avoids opening a completely idle node when a partly used node ties.
+
+    Remaining ties use the fixed node order.
     """
 
     name = "default"
-    random_ties = False
-    quantize = False
-    pack_weight = 1e-4
+    random_ties = True
+    quantize = True
+    tie_weight = 1e-4  # × idle milli-GPU: at most 0.8 for an 8-GPU node, below one point
 
     def score(self, st, d, rows, usable, rng):  # type: ignore[no-untyped-def]
         vals, cols = super().score(st, d, rows, usable, rng)
-        idle_after = st.gpu_left[rows].sum(axis=1) - d.total_milli
-        cpu_left = st.cpu_free[rows] - d.cpu_milli
-        tie = -self.pack_weight * (idle_after + cpu_left / 1e6)
-        return vals + tie, cols
-
-    def refine_fraction(self, st, d, rows, usable, vals):  # type: ignore[no-untyped-def]
-        left_after = st.gpu_left[rows] - d.milli
-        out: FloatArray = vals - self.pack_weight * 1e-3 * left_after
-        return out
+        if d.gpus <= 0:
+            return vals - self.tie_weight * st.gpu_left[rows].sum(axis=1), cols
+        idle_node = (st.gpu_left[rows] == st.gpu_cap[rows]).all(axis=1)
+        return vals - 0.5 * idle_node, cols
 
 
 _SCORERS: dict[str, type[Scorer]] = {
@@ -453,7 +453,14 @@ def choose_row(
     scores, cols = scorer.score(st, d, rows, usable, rng)
     best = float(np.max(scores))
     tied = np.flatnonzero(scores >= best)
-    pick = int(tied[int(rng.integers(tied.shape[0]))]) if scorer.random_ties and tied.shape[0] > 1 else int(tied[0])
+    if scorer.random_ties and tied.shape[0] > 1:
+        rank = st.tie_rank
+        if rank is not None:
+            pick = int(tied[int(np.argmin(rank[rows[tied]]))])
+        else:
+            pick = int(tied[int(rng.integers(tied.shape[0]))])
+    else:
+        pick = int(tied[0])
     row = int(rows[pick])
     if d.gpus <= 0:
         return row, []

@@ -77,6 +77,8 @@ class ClusterState:
     affinity: list[Counter[str]]
     version: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     cache: dict[str, object] = field(default_factory=dict)
+    # Tie-break order among equally scored nodes (lower first); None: uniformly at random.
+    tie_rank: IntArray | None = None
     _row_of_node: dict[int, int] = field(default_factory=dict)
     _col_of_gpu: dict[int, tuple[int, int]] = field(default_factory=dict)
 
@@ -187,6 +189,7 @@ class ClusterState:
             affinity=[Counter(a) for a in self.affinity],
             version=self.version.copy(),
         )
+        st.tie_rank = self.tie_rank
         return st
 
     # ---------------------------------------------------------------- lookups
