@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from portal import views
 from portal.forms import EmailLoginForm
+from scheduler import ops_views
 from scheduler import views as scheduler_views
 
 urlpatterns = [
@@ -44,10 +45,16 @@ urlpatterns = [
         name="job-logs-download",
     ),
     path("billing/", include("billing.urls")),
+    path("monitoring/", include("monitoring.urls")),
+    path("ops/nodes/", ops_views.node_list, name="ops-nodes"),
+    path("ops/nodes/<int:node_id>/", ops_views.node_detail, name="ops-node-detail"),
+    path("ops/nodes/<int:node_id>/<slug:action>/", ops_views.node_action, name="ops-node-action"),
+    path("ops/pools/", ops_views.pool_list, name="ops-pools"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),
     path("api/v1/", include("scheduler.api.urls")),
     path("api/v1/billing/", include("billing.api.urls")),
+    path("api/v1/monitoring/", include("monitoring.api.urls")),
     path("api/agent/v1/", include("scheduler.agent_api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

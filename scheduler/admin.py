@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest
 
 from portal.admin import AuditedAdmin
-from scheduler.models import Gpu, GpuModel, Node, Pool
+from scheduler.models import (
+    Allocation,
+    Autoscaler,
+    AutoscalerDecision,
+    Gpu,
+    GpuModel,
+    Job,
+    JobEvent,
+    Node,
+    NodeEvent,
+    Pool,
+)
 
 
 @admin.register(GpuModel)
@@ -65,3 +77,79 @@ class GpuAdmin(AuditedAdmin):
     list_filter = ["model", "sharing_mode", "health", "node__pool"]
     search_fields = ["uuid", "node__name"]
     list_select_related = ["node", "model"]
+
+
+class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ["created_at", "from_state", "to_state", "actor_label", "reason"]
+    fields = readonly_fields
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only: jobs change state only through the scheduler's services."""
+
+    list_display = ["id", "name", "project", "state", "gpus", "gpu_model", "priority", "created_at"]
+    list_filter = ["state", "gpu_model", "preemptible", "borrowed", "source"]
+    search_fields = ["name", "project__slug", "submitted_by__email"]
+    list_select_related = ["project", "gpu_model"]
+    date_hierarchy = "created_at"
+    inlines = [JobEventInline]
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["job", "gpu", "node", "share_milli", "started_at", "ended_at", "end_reason"]
+    list_filter = ["end_reason", "gpu_model", "borrowed"]
+    search_fields = ["job__name", "node__name", "gpu__uuid"]
+    list_select_related = ["job", "gpu", "gpu__node", "node"]
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(NodeEvent)
+class NodeEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["created_at", "node", "gpu", "severity", "kind", "message", "acknowledged"]
+    list_filter = ["severity", "kind", "acknowledged"]
+    search_fields = ["node__name", "message"]
+    readonly_fields = ["created_at", "node", "gpu", "severity", "kind", "message"]
+
+
+class AutoscalerDecisionInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = AutoscalerDecision
+    extra = 0
+    can_delete = False
+    readonly_fields = ["created_at", "action", "count", "nodes", "reason"]
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Autoscaler)
+class AutoscalerAdmin(AuditedAdmin):
+    list_display = [
+        "__str__",
+        "provider",
+        "min_nodes",
+        "max_nodes",
+        "warm_nodes",
+        "idle_ttl_s",
+        "enabled",
+    ]
+    list_filter = ["enabled", "provider", "pool"]
+    inlines = [AutoscalerDecisionInline]

@@ -227,6 +227,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         .prefetch_related("model_limits__gpu_model")
     )
     over_budget = hooks.projects_over_budget(project_ids)
+    reserved = hooks.reserved_gpus_by_project(now)
     usage = _decayed_usage(list(project_ids), now)
     project_quotas = {
         q.project.slug: ProjectQuota(
@@ -235,6 +236,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
             allow_borrowing=q.allow_borrowing,
             budget_exhausted=q.project_id in over_budget,
             decayed_usage=usage.get(q.project_id, 0.0),
+            reserved=reserved.get(q.project.slug, {}),
         )
         for q in quotas
     }

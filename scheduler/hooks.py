@@ -34,6 +34,20 @@ def projects_over_budget(project_ids: set[int]) -> set[int]:
     return result
 
 
+def telemetry_sinks() -> list[Callable[..., Any]]:
+    """Callables `sink(*, node, samples, now)` that receive every heartbeat's telemetry."""
+    return [_load(p) for p in getattr(settings, "SCHEDULER_TELEMETRY_SINKS", [])]
+
+
+def reserved_gpus_by_project(now: Any) -> dict[str, dict[str, int]]:
+    """Reserved GPUs per project slug and model name (billing's reserved plans)."""
+    path = getattr(settings, "SCHEDULER_RESERVED_CAPACITY", "")
+    if not path:
+        return {}
+    result: dict[str, dict[str, int]] = _load(path)(now=now)
+    return result
+
+
 def price_per_gpu_hour(*, gpu_model: Any, preemptible: bool) -> Decimal:
     """The rate a job would pay; billing's price list when installed, else the catalog price."""
     path = getattr(settings, "SCHEDULER_PRICE_QUOTE", "")

@@ -103,6 +103,9 @@ class Node(models.Model):
     fenced = models.BooleanField(
         default=False, help_text="Came back after being lost: must stop its old work first."
     )
+    autoscaler = models.ForeignKey(
+        "Autoscaler", null=True, blank=True, on_delete=models.SET_NULL, related_name="nodes"
+    )
     provider = models.CharField(max_length=16, choices=Provider.choices, default=Provider.SIMULATED)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PROVISIONING)
     labels = models.JSONField(default=dict, blank=True)
@@ -403,3 +406,88 @@ class LogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt} {self.stream} #{self.seq}"
+
+
+class NodeEvent(models.Model):
+    """Something that happened to a node or one of its GPUs: health changes, operator actions."""
+
+    class Severity(models.TextChoices):
+        INFO = "info", "Info"
+        WARNING = "warning", "Warning"
+        CRITICAL = "critical", "Critical"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    gpu = models.ForeignKey(Gpu, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    severity = models.CharField(max_length=10, choices=Severity.choices, default=Severity.INFO)
+    kind = models.CharField(max_length=40)
+    message = models.CharField(max_length=500)
+    acknowledged = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}: {self.kind}"
+
+
+class Autoscaler(models.Model):
+    """Keeps a pool's nodes of one GPU model between min and max, with a warm pool of idle
+    ready nodes; adds nodes when queued work cannot fit, removes idle ones after a TTL."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="autoscalers")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT)
+    provider = models.CharField(
+        max_length=16, choices=Node.Provider.choices, default=Node.Provider.SIMULATED
+    )
+    gpus_per_node = models.PositiveSmallIntegerField(
+        default=8, validators=[MinValueValidator(1), MaxValueValidator(16)]
+    )
+    min_nodes = models.PositiveIntegerField(default=0)
+    max_nodes = models.PositiveIntegerField(default=4)
+    warm_nodes = models.PositiveIntegerField(default=1, help_text="Idle ready nodes to keep.")
+    idle_ttl_s = models.PositiveIntegerField(default=600, help_text="Remove idle nodes after.")
+    provisioning_time_s = models.PositiveIntegerField(
+        default=120, help_text="How long a new node takes to be ready."
+    )
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["pool__name", "gpu_model__name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pool", "gpu_model"],
+                name="autoscaler_unique_pool_model",
+                violation_error_message="This pool already has an autoscaler for that GPU model.",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(min_nodes__lte=models.F("max_nodes")),
+                name="autoscaler_min_le_max",
+                violation_error_message="Minimum nodes cannot exceed maximum nodes.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool.name}/{self.gpu_model.name}"
+
+
+class AutoscalerDecision(models.Model):
+    """One autoscaler decision and why, kept for operators."""
+
+    class Action(models.TextChoices):
+        SCALE_UP = "scale_up", "Scale up"
+        SCALE_DOWN = "scale_down", "Scale down"
+        HOLD = "hold", "Hold"
+
+    autoscaler = models.ForeignKey(Autoscaler, on_delete=models.CASCADE, related_name="decisions")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    action = models.CharField(max_length=12, choices=Action.choices)
+    count = models.PositiveIntegerField(default=0)
+    nodes = models.JSONField(default=list, blank=True)
+    reason = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.autoscaler}: {self.action} {self.count}"

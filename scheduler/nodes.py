@@ -14,12 +14,14 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import User
-from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node
+from scheduler import health, hooks
+from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node, NodeEvent
 from scheduler.transitions import job_transition
 
 AGENT_TOKEN_PREFIX = "gpn_"
@@ -147,16 +149,95 @@ def node_heartbeat(
         fields.append("fenced")
         audit_record(actor=None, action="node.unfence", target=node)
     node.save(update_fields=fields)
-    gpus = {g.uuid: g.pk for g in node.gpus.all()}
+    gpus = {g.uuid: g for g in node.gpus.all()}
     cache.set_many(
         {
-            f"telemetry:gpu:{gpus[s['uuid']]}": {**s, "at": now.isoformat()}
+            f"telemetry:gpu:{gpus[s['uuid']].pk}": {**s, "at": now.isoformat()}
             for s in telemetry
             if s.get("uuid") in gpus
         },
         timeout=TELEMETRY_TTL_S,
     )
+    for sample in telemetry:
+        gpu = gpus.get(sample.get("uuid", ""))
+        if gpu is not None:
+            _apply_health(node, gpu, health.assess(sample))
+    known = [{**s, "gpu_id": gpus[s["uuid"]].pk} for s in telemetry if s.get("uuid") in gpus]
+    for sink in hooks.telemetry_sinks():
+        sink(node=node, samples=known, now=now)
     return node
+
+
+def _jobs_holding(**where: Any) -> QuerySet[Job]:
+    """Jobs with an active allocation matching `where`, locked in id order."""
+    ids = Allocation.objects.filter(ended_at__isnull=True, **where).values_list("job_id", flat=True)
+    return Job.objects.select_for_update().filter(pk__in=list(ids)).order_by("pk")
+
+
+def _apply_health(node: Node, gpu: Gpu, assessment: health.Assessment) -> None:
+    """Act on one GPU's assessment: mark it, move its work, record and alert."""
+    for xid in assessment.job_fault_xids:
+        jobs = list(_jobs_holding(gpu=gpu).filter(state__in=[JobState.STARTING, JobState.RUNNING]))
+        NodeEvent.objects.create(
+            node=node,
+            gpu=gpu,
+            severity=NodeEvent.Severity.WARNING,
+            kind=f"xid_{xid}",
+            message=f"XID {xid} on GPU {gpu.index}: an application fault; the GPU stays in service",
+        )
+        if len(jobs) == 1:  # on a shared GPU the culprit is unknown: record, do not guess
+            job = jobs[0]
+            job.failure_reason = f"The job caused GPU error XID {xid} (an application fault)"
+            job_transition(
+                job=job,
+                to=JobState.FAILED,
+                reason=job.failure_reason,
+                actor_label=f"health:{node.name}",
+                update_fields=("failure_reason",),
+            )
+    new = assessment.gpu.value
+    current = gpu.health
+    if new == current or (current == Gpu.Health.UNHEALTHY and new != Gpu.Health.UNHEALTHY):
+        return  # unhealthy is sticky: an operator resets it after looking at the GPU
+    gpu.health = new
+    gpu.save(update_fields=["health"])
+    reasons = "; ".join(assessment.reasons) or "back to normal"
+    severity = {
+        Gpu.Health.UNHEALTHY: NodeEvent.Severity.CRITICAL,
+        Gpu.Health.DEGRADED: NodeEvent.Severity.WARNING,
+    }.get(new, NodeEvent.Severity.INFO)
+    NodeEvent.objects.create(
+        node=node,
+        gpu=gpu,
+        severity=severity,
+        kind=f"gpu_{new}",
+        message=f"GPU {gpu.index} ({gpu.uuid}) {new}: {reasons}",
+    )
+    audit_record(
+        actor=None, action=f"gpu.{new}", target=gpu, data={"reasons": list(assessment.reasons)}
+    )
+    if new != Gpu.Health.UNHEALTHY:
+        return
+    faulted = _jobs_holding(gpu=gpu).exclude(
+        state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+    )
+    for job in faulted:
+        _requeue_after_fault(
+            job,
+            f"GPU {gpu.index} on {node.name} became unhealthy ({reasons})",
+            end_reason=Allocation.EndReason.GPU_FAULT,
+            actor=f"health:{node.name}",
+        )
+    healthy_left = node.gpus.exclude(health=Gpu.Health.UNHEALTHY).exists()
+    if not healthy_left and node.state == Node.State.READY:
+        node.state = Node.State.UNHEALTHY
+        node.save(update_fields=["state", "updated_at"])
+        NodeEvent.objects.create(
+            node=node,
+            severity=NodeEvent.Severity.CRITICAL,
+            kind="node_unhealthy",
+            message="Every GPU of the node is unhealthy; it takes no new work",
+        )
 
 
 def assignments_for(node: Node) -> list[dict[str, Any]]:
@@ -354,6 +435,13 @@ def lost_nodes_sweep(*, now: datetime | None = None) -> list[int]:
                 continue
             node.state = Node.State.LOST
             node.save(update_fields=["state", "updated_at"])
+            NodeEvent.objects.create(
+                node=node,
+                severity=NodeEvent.Severity.CRITICAL,
+                kind="node_lost",
+                message=f"No heartbeat since {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC; "
+                "its jobs are requeued",
+            )
             audit_record(
                 actor=None,
                 action="node.lost",
@@ -376,15 +464,19 @@ def lost_nodes_sweep(*, now: datetime | None = None) -> list[int]:
 
 
 def _job_lost(job: Job, node: Node) -> None:
+    _requeue_after_fault(
+        job,
+        f"Node {node.name} stopped answering",
+        end_reason=Allocation.EndReason.NODE_LOST,
+        actor="health-sweep",
+    )
+
+
+def _requeue_after_fault(job: Job, why: str, *, end_reason: str, actor: str) -> None:
+    """A platform fault took the job's GPUs: it becomes lost, then is requeued or failed."""
     if job.is_terminal or job.state == JobState.LOST:
         return
-    job_transition(
-        job=job,
-        to=JobState.LOST,
-        reason=f"Node {node.name} stopped answering",
-        actor_label="health-sweep",
-        end_reason=Allocation.EndReason.NODE_LOST,
-    )
+    job_transition(job=job, to=JobState.LOST, reason=why, actor_label=actor, end_reason=end_reason)
     if job.restarts < max(job.max_restarts, 1) or job.preemptible:
         job.restarts += 1
         job.resume = bool(job.checkpoint_dir)
@@ -415,24 +507,35 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
         "cordon": ({Node.State.READY}, Node.State.CORDONED),
         "uncordon": ({Node.State.CORDONED, Node.State.DRAINING}, Node.State.READY),
         "drain": ({Node.State.READY, Node.State.CORDONED}, Node.State.DRAINING),
+        "reset_health": (
+            {Node.State.READY, Node.State.UNHEALTHY, Node.State.CORDONED},
+            Node.State.READY,
+        ),
+        "retire": (
+            {Node.State.CORDONED, Node.State.LOST, Node.State.UNHEALTHY},
+            Node.State.RETIRED,
+        ),
     }
     if action not in allowed:
         raise DomainError(f"Unknown node action '{action}'.", field="action")
     sources, target = allowed[action]
     if node.state not in sources:
         raise Conflict(f"Node {node.name} is {node.state}; it cannot {action}.")
+    if action == "retire" and node.allocations.filter(ended_at__isnull=True).exists():
+        raise Conflict(f"Node {node.name} still runs work; drain it first.")
     old = node.state
     node.state = target
     node.save(update_fields=["state", "updated_at"])
+    if action == "reset_health":
+        node.gpus.update(health=Gpu.Health.HEALTHY)
+    NodeEvent.objects.create(
+        node=node,
+        kind=f"operator_{action}",
+        message=f"{actor.email} ran {action.replace('_', ' ')} ({old} → {target})",
+    )
     if action == "drain":
-        for job in (
-            Job.objects.select_for_update()
-            .filter(
-                allocations__node=node,
-                allocations__ended_at__isnull=True,
-                state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
-            )
-            .distinct()
+        for job in _jobs_holding(node=node).filter(
+            state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING]
         ):
             job.preempt_deadline = timezone.now() + timedelta(seconds=job.grace_seconds)
             job_transition(

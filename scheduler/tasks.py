@@ -49,3 +49,14 @@ def health_sweep() -> int:
     from scheduler.nodes import lost_nodes_sweep
 
     return len(lost_nodes_sweep())
+
+
+@shared_task(name="provisioning.autoscale", ignore_result=True, time_limit=120, soft_time_limit=100)
+def autoscale() -> int:
+    """One pass of every autoscaler, single-flight."""
+    from scheduler.provisioning import autoscale as run
+
+    with single_flight("autoscaler", ttl=110) as acquired:
+        if not acquired:
+            return 0
+        return len(run())

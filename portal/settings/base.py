@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "portal",
     "scheduler",
     "billing",
+    "monitoring",
 ]
 
 MIDDLEWARE = [
@@ -180,6 +181,8 @@ SCHEDULER_CYCLE_SECONDS = env.float("SCHEDULER_CYCLE_SECONDS", default=3.0)
 SCHEDULER_ADMISSION_CHECKS: list[str] = []
 SCHEDULER_BUDGET_EXHAUSTED = ""
 SCHEDULER_PRICE_QUOTE = ""
+SCHEDULER_TELEMETRY_SINKS: list[str] = []
+SCHEDULER_RESERVED_CAPACITY = ""
 PREEMPTIBLE_DISCOUNT = env.float("PREEMPTIBLE_DISCOUNT", default=0.6)
 NODE_HEARTBEAT_SECONDS = env.float("NODE_HEARTBEAT_SECONDS", default=5.0)
 NODE_LOST_AFTER_SECONDS = env.float("NODE_LOST_AFTER_SECONDS", default=60.0)
@@ -206,3 +209,16 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 from portal.settings.billing import *  # noqa: E402,F403
+from portal.settings.monitoring import *  # noqa: E402,F403
+
+CELERY_BEAT_SCHEDULE.update(BILLING_BEAT_SCHEDULE)  # noqa: F405
+CELERY_BEAT_SCHEDULE.update(MONITORING_BEAT_SCHEDULE)  # noqa: F405
+
+# Provisioning
+AGENT_PORTAL_URL = env("AGENT_PORTAL_URL", default="http://127.0.0.1:8000")
+PROVISIONING_SPAWN_AGENTS = env.bool("PROVISIONING_SPAWN_AGENTS", default=True)
+CELERY_BEAT_SCHEDULE["autoscale"] = {
+    "task": "provisioning.autoscale",
+    "schedule": 15.0,
+    "options": {"expires": 30},
+}

@@ -22,3 +22,4 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
     "global_keyprefix": f"test-{os.getpid()}-",
 }
+PROVISIONING_SPAWN_AGENTS = False  # tests start agents themselves

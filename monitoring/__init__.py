@@ -1,0 +1,1 @@
+"""Telemetry ingest, live series, rollups, Prometheus exposition, alerts, efficiency."""

@@ -1,0 +1,3 @@
+"""Monitoring API (mounted at /api/v1/monitoring/)."""
+
+urlpatterns: list[object] = []

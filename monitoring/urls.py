@@ -1,0 +1,4 @@
+"""Monitoring pages (mounted at /monitoring/)."""
+
+app_name = "monitoring"
+urlpatterns: list[object] = []

@@ -1,0 +1,174 @@
+"""Operator pages: nodes and their health, node actions, pools and autoscalers, the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Prefetch, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+from django.views.decorators.vary import vary_on_headers
+
+from portal.errors import DomainError
+from portal.models import User
+from scheduler.models import Allocation, Autoscaler, Gpu, Job, JobState, Node, Pool
+from scheduler.nodes import node_set_state
+
+
+def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    @login_required
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("Operators only.")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def telemetry_for(gpu_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The latest sample per GPU from the live cache (empty when the node is silent)."""
+    found = cache.get_many([f"telemetry:gpu:{i}" for i in gpu_ids])
+    return {int(k.rsplit(":", 1)[1]): v for k, v in found.items()}
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+def node_list(request: HttpRequest) -> HttpResponse:
+    nodes = list(
+        Node.objects.exclude(state=Node.State.RETIRED)
+        .select_related("pool")
+        .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.select_related("model")))
+        .annotate(active=Count("allocations", filter=Q(allocations__ended_at__isnull=True)))
+        .order_by("pool__name", "name")
+    )
+    samples = telemetry_for([g.pk for n in nodes for g in n.gpus.all()])
+    rows = []
+    for node in nodes:
+        gpus = list(node.gpus.all())
+        utils = [
+            samples[g.pk]["utilization"]
+            for g in gpus
+            if samples.get(g.pk, {}).get("utilization") is not None
+        ]
+        models: dict[str, int] = {}
+        for g in gpus:
+            models[g.model.name] = models.get(g.model.name, 0) + 1
+        rows.append(
+            {
+                "node": node,
+                "models": ", ".join(f"{n} × {m}" for m, n in models.items()),
+                "unhealthy": sum(g.health == Gpu.Health.UNHEALTHY for g in gpus),
+                "degraded": sum(g.health == Gpu.Health.DEGRADED for g in gpus),
+                "util": round(sum(utils) / len(utils)) if utils else None,
+                "gpus": len(gpus),
+            }
+        )
+    context = {"rows": rows}
+    htmx = getattr(request, "htmx", None)
+    if htmx and not htmx.boosted:
+        return render(request, "ops/partials/_node_table.html", context)
+    return render(request, "ops/node_list.html", context)
+
+
+@staff_required
+@vary_on_headers("HX-Request")
+def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
+    node = get_object_or_404(Node.objects.select_related("pool", "autoscaler"), pk=node_id)
+    gpus = list(node.gpus.select_related("model").order_by("index"))
+    samples = telemetry_for([g.pk for g in gpus])
+    work: dict[int, list[Allocation]] = {}
+    for a in Allocation.objects.filter(node=node, ended_at__isnull=True).select_related(
+        "job", "job__project"
+    ):
+        work.setdefault(a.gpu_id, []).append(a)
+    context = {
+        "node": node,
+        "gpus": [
+            {"gpu": g, "sample": samples.get(g.pk, {}), "work": work.get(g.pk, [])} for g in gpus
+        ],
+        "jobs": Job.objects.filter(allocations__node=node, allocations__ended_at__isnull=True)
+        .distinct()
+        .select_related("project"),
+        "events": node.events.select_related("gpu")[:50],
+        "actions": _actions_for(node),
+    }
+    htmx = getattr(request, "htmx", None)
+    if htmx and not htmx.boosted:
+        return render(request, "ops/partials/_node_gpus.html", context)
+    return render(request, "ops/node_detail.html", context)
+
+
+def _actions_for(node: Node) -> list[tuple[str, str, str]]:
+    """(action, label, confirmation) the node's state allows."""
+    options = {
+        Node.State.READY: [
+            ("cordon", "Cordon", "No new work will be placed on it."),
+            ("drain", "Drain", "Running jobs are preempted and requeued elsewhere."),
+        ],
+        Node.State.CORDONED: [
+            ("uncordon", "Uncordon", "It takes new work again."),
+            ("drain", "Drain", "Running jobs are preempted and requeued elsewhere."),
+            ("retire", "Retire", "It leaves the fleet for good."),
+        ],
+        Node.State.DRAINING: [("uncordon", "Uncordon", "Stop draining; it takes new work again.")],
+        Node.State.UNHEALTHY: [
+            ("reset_health", "Reset health", "Mark its GPUs healthy after you checked them."),
+            ("retire", "Retire", "It leaves the fleet for good."),
+        ],
+        Node.State.LOST: [("retire", "Retire", "It leaves the fleet for good.")],
+    }
+    actions = list(options.get(node.state, []))
+    if node.state == Node.State.READY and node.gpus.filter(health=Gpu.Health.UNHEALTHY).exists():
+        actions.append(
+            ("reset_health", "Reset GPU health", "Mark its GPUs healthy after you checked them.")
+        )
+    return actions
+
+
+@staff_required
+@require_POST
+def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse:
+    node = get_object_or_404(Node, pk=node_id)
+    if request.POST.get("confirm") != node.name:
+        messages.error(request, f"Type the node name ({node.name}) to confirm.")
+        return redirect("ops-node-detail", node_id=node.pk)
+    try:
+        user: User = request.user  # type: ignore[assignment]
+        node_set_state(
+            actor=user, node=node, action=action, remote_addr=request.META.get("REMOTE_ADDR")
+        )
+        messages.success(request, f"{node.name}: {action.replace('_', ' ')} done.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("ops-node-detail", node_id=node.pk)
+
+
+@staff_required
+def pool_list(request: HttpRequest) -> HttpResponse:
+    pools = Pool.objects.prefetch_related(
+        Prefetch(
+            "autoscalers",
+            queryset=Autoscaler.objects.select_related("gpu_model").prefetch_related("decisions"),
+        )
+    ).annotate(node_count=Count("nodes", filter=~Q(nodes__state=Node.State.RETIRED), distinct=True))
+    rows = []
+    for pool in pools:
+        scalers = []
+        for s in pool.autoscalers.all():
+            scalers.append({"scaler": s, "decisions": list(s.decisions.all()[:8])})
+        rows.append({"pool": pool, "scalers": scalers})
+    queue = (
+        Job.objects.filter(state=JobState.QUEUED)
+        .values("gpu_model__name", "pending_reason")
+        .annotate(jobs=Count("pk"))
+        .order_by("gpu_model__name")
+    )
+    return render(request, "ops/pool_list.html", {"rows": rows, "queue": queue})

@@ -1,0 +1,231 @@
+"""Node health, loss, fencing, operator actions, provisioning and autoscaling."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from portal.models import AuditEvent
+from scheduler.cycle import run_cycle
+from scheduler.models import (
+    Allocation,
+    Autoscaler,
+    Gpu,
+    Job,
+    JobState,
+    Node,
+    NodeEvent,
+)
+from scheduler.nodes import lost_nodes_sweep, node_set_state
+from scheduler.provisioning import autoscale
+
+pytestmark = pytest.mark.django_db
+
+
+def agent(token):
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return c
+
+
+@pytest.fixture
+def running(team, fleet, api):
+    """One 1-GPU H100 job, placed and running."""
+    resp = api(team["member"]).post(
+        "/api/v1/jobs",
+        {
+            "project": "alpha",
+            "name": "r",
+            "command": "true",
+            "gpu_model": "H100-80GB-SXM",
+            "checkpoint_dir": "/ck",
+        },
+        format="json",
+    )
+    job = Job.objects.get(pk=resp.json()["id"])
+    run_cycle()
+    alloc = Allocation.objects.get(job=job)
+    client = agent(fleet["tokens"][alloc.node.name])
+    client.post(f"/api/agent/v1/jobs/{job.pk}/started", {"attempt": 1}, format="json")
+    return {"job": job, "alloc": alloc, "node": alloc.node, "gpu": alloc.gpu, "client": client}
+
+
+def heartbeat(client, gpu, **sample):
+    return client.post(
+        "/api/agent/v1/heartbeat",
+        {
+            "telemetry": [{"uuid": gpu.uuid, "utilization": 90, "temperature_c": 60, **sample}],
+            "running": [],
+        },
+        format="json",
+    )
+
+
+def test_register_reports_inventory_and_refuses_unknown_products(fleet):
+    client = agent(fleet["tokens"]["h1"])
+    gpus = list(fleet["nodes"]["h1"].gpus.order_by("index"))
+    body = {
+        "hostname": "h1",
+        "driver_version": "550.54",
+        "cuda_version": "12.4",
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
+            for g in gpus
+        ],
+    }
+    assert client.post("/api/agent/v1/register", body, format="json").status_code == 200
+    node = Node.objects.get(name="h1")
+    assert node.driver_version == "550.54" and node.gpus.filter(memory_mib=81559).count() == 2
+    body["gpus"][0]["name"] = "NVIDIA B300"
+    resp = client.post("/api/agent/v1/register", body, format="json")
+    assert resp.status_code == 400 and "not in the catalog" in resp.json()["detail"]
+    # a node cannot claim another node's GPU
+    other = fleet["nodes"]["h2"].gpus.first()
+    body["gpus"] = [{"index": 0, "uuid": other.uuid, "name": "H100-80GB-SXM", "memory_mib": 1}]
+    assert client.post("/api/agent/v1/register", body, format="json").status_code == 409
+    assert Gpu.objects.get(pk=other.pk).node.name == "h2"
+
+
+def test_fatal_xid_marks_gpu_unhealthy_and_requeues_the_job(running):
+    resp = heartbeat(running["client"], running["gpu"], xid_events=[79])
+    assert resp.status_code == 200
+    gpu = Gpu.objects.get(pk=running["gpu"].pk)
+    assert gpu.health == Gpu.Health.UNHEALTHY
+    job = Job.objects.get(pk=running["job"].pk)
+    assert job.state == JobState.QUEUED and job.resume
+    assert Allocation.objects.get(pk=running["alloc"].pk).end_reason == "gpu_fault"
+    assert NodeEvent.objects.filter(kind="gpu_unhealthy", severity="critical").exists()
+    run_cycle()
+    new = Allocation.objects.get(job=job, ended_at__isnull=True)
+    assert new.gpu_id != gpu.pk  # never placed back on the unhealthy GPU
+    # healthy samples do not silently heal it; an operator resets it
+    heartbeat(running["client"], running["gpu"])
+    assert Gpu.objects.get(pk=gpu.pk).health == Gpu.Health.UNHEALTHY
+
+
+def test_application_xid_fails_the_job_and_keeps_the_gpu(running):
+    heartbeat(running["client"], running["gpu"], xid_events=[13])
+    job = Job.objects.get(pk=running["job"].pk)
+    assert job.state == JobState.FAILED and "XID 13" in job.failure_reason
+    assert Gpu.objects.get(pk=running["gpu"].pk).health == Gpu.Health.HEALTHY
+
+
+def test_thermal_slowdown_degrades_then_recovers(running):
+    heartbeat(running["client"], running["gpu"], throttle_reasons=["hw_thermal_slowdown"])
+    assert Gpu.objects.get(pk=running["gpu"].pk).health == Gpu.Health.DEGRADED
+    assert Job.objects.get(pk=running["job"].pk).state == JobState.RUNNING
+    heartbeat(running["client"], running["gpu"])
+    assert Gpu.objects.get(pk=running["gpu"].pk).health == Gpu.Health.HEALTHY
+
+
+def test_heartbeat_loss_requeues_on_another_node_and_the_node_is_fenced(running, fleet, settings):
+    node = running["node"]
+    Node.objects.update(last_heartbeat_at=timezone.now())
+    Node.objects.filter(pk=node.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=600)
+    )
+    assert lost_nodes_sweep() == [node.pk]
+    job = Job.objects.get(pk=running["job"].pk)
+    assert job.state == JobState.QUEUED
+    assert list(job.events.values_list("to_state", flat=True))[-2:] == ["lost", "queued"]
+    run_cycle()
+    assert Allocation.objects.get(job=job, ended_at__isnull=True).node_id != node.pk
+    # the node comes back: fenced, no assignments until it reports nothing running
+    client = running["client"]
+    resp = client.post(
+        "/api/agent/v1/heartbeat",
+        {"telemetry": [], "running": [{"job_id": job.pk, "attempt": 1, "pid": 7}]},
+        format="json",
+    )
+    assert resp.json()["fenced"] is True
+    assert client.get("/api/agent/v1/assignments").json() == {"fenced": True, "assignments": []}
+    resp = client.post("/api/agent/v1/heartbeat", {"telemetry": [], "running": []}, format="json")
+    assert resp.json()["fenced"] is False
+    # its old attempt's exit report is refused
+    stale = client.post(
+        f"/api/agent/v1/jobs/{job.pk}/exited",
+        {"attempt": 1, "exit_code": 0, "reason": "killed"},
+        format="json",
+    )
+    assert stale.status_code == 409
+
+
+def test_cordon_stops_placement_and_drain_preempts(running, team, api):
+    operator = team["owner"]
+    node = running["node"]
+    node_set_state(actor=operator, node=node, action="cordon")
+    assert AuditEvent.objects.filter(action="node.cordon").exists()
+    resp = api(team["member"]).post(
+        "/api/v1/jobs",
+        {
+            "project": "alpha",
+            "name": "x",
+            "command": "true",
+            "gpus": 2,
+            "gpu_model": "H100-80GB-SXM",
+        },
+        format="json",
+    )
+    run_cycle()
+    alloc_nodes = set(
+        Allocation.objects.filter(job_id=resp.json()["id"]).values_list("node_id", flat=True)
+    )
+    assert node.pk not in alloc_nodes
+    node_set_state(actor=operator, node=node, action="drain")
+    assert Job.objects.get(pk=running["job"].pk).state == JobState.PREEMPTING
+    with pytest.raises(Exception, match="cannot cordon"):
+        node_set_state(actor=operator, node=Node.objects.get(pk=node.pk), action="cordon")
+
+
+def test_ops_pages_are_for_staff_only(running, team, client, make_user):
+    client.force_login(team["member"])
+    assert client.get("/ops/nodes/").status_code == 403
+    node = running["node"]
+    assert client.post(f"/ops/nodes/{node.pk}/cordon/", {"confirm": node.name}).status_code == 403
+    client.force_login(make_user(staff=True))
+    html = client.get("/ops/nodes/").content.decode()
+    assert node.name in html
+    detail = client.get(f"/ops/nodes/{node.pk}/").content.decode()
+    assert "Cordon" in detail and f"#{running['job'].pk}" in detail
+    client.post(f"/ops/nodes/{node.pk}/cordon/", {"confirm": "wrong"})
+    assert Node.objects.get(pk=node.pk).state == Node.State.READY
+    client.post(f"/ops/nodes/{node.pk}/cordon/", {"confirm": node.name})
+    assert Node.objects.get(pk=node.pk).state == Node.State.CORDONED
+    assert client.get("/ops/pools/").status_code == 200
+
+
+def test_autoscaler_scales_up_for_queued_work_and_down_when_idle(fleet, team, api):
+    scaler = Autoscaler.objects.create(
+        pool=fleet["pool"],
+        gpu_model=fleet["l4"],
+        gpus_per_node=4,
+        min_nodes=0,
+        max_nodes=3,
+        warm_nodes=0,
+        idle_ttl_s=60,
+        provisioning_time_s=60,
+    )
+    resp = api(team["member"]).post(
+        "/api/v1/jobs",
+        {"project": "alpha", "name": "big", "command": "true", "gpus": 8, "gpu_model": "L4"},
+        format="json",
+    )
+    run_cycle()
+    job = Job.objects.get(pk=resp.json()["id"])
+    assert job.state == JobState.QUEUED and job.pending_reason
+    decisions = autoscale()
+    assert decisions[0].action == "scale_up" and decisions[0].count == 2
+    created = Node.objects.filter(autoscaler=scaler)
+    assert created.count() == 2 and all(n.state == Node.State.PROVISIONING for n in created)
+    assert all(n.agent_token_hash for n in created)
+    # idle past the TTL: removed (never a busy node)
+    Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
+    Node.objects.filter(autoscaler=scaler).update(
+        state=Node.State.READY, created_at=timezone.now() - timedelta(hours=1)
+    )
+    decisions = autoscale()
+    assert decisions[0].action == "scale_down" and decisions[0].count == 2
+    assert Node.objects.filter(autoscaler=scaler, state=Node.State.RETIRED).count() == 2
