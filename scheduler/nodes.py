@@ -26,6 +26,7 @@ from scheduler.transitions import job_transition
 
 AGENT_TOKEN_PREFIX = "gpn_"
 TELEMETRY_TTL_S = 120
+MAX_FAULT_RESTARTS = 10  # a job requeued this often after faults fails instead of looping
 
 
 def agent_token_hash(raw: str) -> str:
@@ -477,24 +478,28 @@ def _requeue_after_fault(job: Job, why: str, *, end_reason: str, actor: str) -> 
     if job.is_terminal or job.state == JobState.LOST:
         return
     job_transition(job=job, to=JobState.LOST, reason=why, actor_label=actor, end_reason=end_reason)
-    if job.restarts < max(job.max_restarts, 1) or job.preemptible:
+    restartable = job.preemptible or bool(job.checkpoint_dir) or job.restarts < job.max_restarts
+    if restartable and job.restarts < MAX_FAULT_RESTARTS:
         job.restarts += 1
         job.resume = bool(job.checkpoint_dir)
         job_transition(
             job=job,
             to=JobState.QUEUED,
-            reason="Requeued after its node was lost"
+            reason="Requeued after a platform fault"
             + (" (resumes from checkpoint)" if job.resume else ""),
-            actor_label="health-sweep",
+            actor_label=actor,
             update_fields=("restarts", "resume"),
         )
     else:
-        job.failure_reason = f"Its node {node.name} was lost and the job may not restart"
+        job.failure_reason = (
+            f"{why}; the job may not restart (no checkpoint directory, not preemptible, "
+            "no restarts left)"
+        )[:500]
         job_transition(
             job=job,
             to=JobState.FAILED,
             reason=job.failure_reason,
-            actor_label="health-sweep",
+            actor_label=actor,
             update_fields=("failure_reason",),
         )
 

@@ -7,6 +7,7 @@ against its real GPUs through NVML. A cloud or Kubernetes driver implements the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -85,10 +86,8 @@ class AgentProcessProvider:
     def stop(self, node: Node) -> None:
         pid = node.labels.get("agent_pid")
         if pid and str(pid).isdigit():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(pid), signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def destroy(self, node: Node) -> None:
         self.stop(node)

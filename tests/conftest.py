@@ -111,3 +111,13 @@ def _clean_test_broker_keys():
 
 
 from tests.celery_fixtures import celery_live_worker  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True)
+def _fresh_short_lived_cache():
+    """Cached views of the cluster must not leak from one test's fleet into the next."""
+    from django.core.cache import cache
+
+    cache.delete("scheduler:model-availability")
+    yield
+    cache.delete("scheduler:model-availability")

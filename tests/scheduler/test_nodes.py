@@ -229,3 +229,16 @@ def test_autoscaler_scales_up_for_queued_work_and_down_when_idle(fleet, team, ap
     decisions = autoscale()
     assert decisions[0].action == "scale_down" and decisions[0].count == 2
     assert Node.objects.filter(autoscaler=scaler, state=Node.State.RETIRED).count() == 2
+
+
+def test_job_that_may_not_restart_fails_when_its_node_is_lost(team, fleet, api):
+    resp = api(team["member"]).post(
+        "/api/v1/jobs",
+        {"project": "alpha", "name": "once", "command": "true", "gpu_model": "L4"},
+        format="json",
+    )
+    run_cycle()
+    Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(seconds=600))
+    lost_nodes_sweep()
+    job = Job.objects.get(pk=resp.json()["id"])
+    assert job.state == JobState.FAILED and "may not restart" in job.failure_reason
