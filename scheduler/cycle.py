@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
+from portal.db import bulk_update_fast
 from portal.models import Quota
 from scheduler import hooks
 from scheduler.core.model import (
@@ -41,7 +42,7 @@ from scheduler.models import (
     Node,
     Pool,
 )
-from scheduler.transitions import job_transition
+from scheduler.transitions import job_transition, jobs_transition_bulk
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +284,7 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     if state.queue:
         decided = plan(state.snapshot, state.queue, policy_config(), ts(now))
         result = apply_plan(decided, state, now=now)
+        record_pending(decided, state, set(result.placed))
     result.seconds = time.perf_counter() - started
     return result
 
@@ -294,7 +296,7 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
     # Lock the GPU rows in a fixed order, then read what is allocated on them now.
     locked = {
         g.pk: g
-        for g in Gpu.objects.select_for_update()
+        for g in Gpu.objects.select_for_update(of=("self",))
         .filter(pk__in=touched)
         .select_related("node", "model")
         .order_by("pk")
@@ -307,12 +309,18 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
         used[gpu_id] += share
         used_mem[gpu_id] += mem
 
+    placing = {
+        j.pk: j
+        for j in Job.objects.select_for_update(of=("self",))
+        .filter(pk__in=[p.job_id for p in decided.placements], state=JobState.QUEUED)
+        .order_by("pk")
+    }
+    new_allocations: list[Allocation] = []
+    scheduled: list[Job] = []
+    reasons: dict[int, str] = {}
+    event_data: dict[int, dict[str, object]] = {}
     for placement in decided.placements:
-        job = (
-            Job.objects.select_for_update()
-            .filter(pk=placement.job_id, state=JobState.QUEUED)
-            .first()
-        )
+        job = placing.get(placement.job_id)
         if job is None:
             result.dropped.append(placement.job_id)
             continue
@@ -330,44 +338,48 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
             continue
         job.attempt += 1
         job.borrowed = job.borrowed or placement.borrowed
-        Allocation.objects.bulk_create(
-            Allocation(
-                job=job,
-                gpu_id=s.gpu_id,
-                node_id=locked[s.gpu_id].node_id,
-                attempt=job.attempt,
-                share_milli=s.milli,
-                memory_mib=s.memory_mib,
-                gpu_model_id=locked[s.gpu_id].model_id,
-                borrowed=job.borrowed,
-                started_at=now,
-            )
-            for s in placement.shares
-        )
         for s in placement.shares:
             used[s.gpu_id] += s.milli
             used_mem[s.gpu_id] += s.memory_mib
+            new_allocations.append(
+                Allocation(
+                    job=job,
+                    gpu_id=s.gpu_id,
+                    node_id=locked[s.gpu_id].node_id,
+                    attempt=job.attempt,
+                    share_milli=s.milli,
+                    memory_mib=s.memory_mib,
+                    gpu_model_id=locked[s.gpu_id].model_id,
+                    borrowed=job.borrowed,
+                    started_at=now,
+                )
+            )
         job.pending_reason = job.pending_message = ""
         job.queue_position = None
         job.estimated_start_at = None
         nodes = sorted({locked[s.gpu_id].node.name for s in placement.shares})
-        job_transition(
-            job=job,
-            to=JobState.SCHEDULED,
-            reason=f"Placed on {', '.join(nodes)}"
-            + (" (borrowed, preemptible)" if placement.borrowed else ""),
-            actor_label="scheduler",
-            data={"gpus": [s.gpu_id for s in placement.shares], "attempt": job.attempt},
-            update_fields=(
-                "attempt",
-                "borrowed",
-                "pending_reason",
-                "pending_message",
-                "queue_position",
-                "estimated_start_at",
-            ),
+        reasons[job.pk] = f"Placed on {', '.join(nodes)}" + (
+            " (borrowed, preemptible)" if placement.borrowed else ""
         )
+        event_data[job.pk] = {"gpus": [s.gpu_id for s in placement.shares], "attempt": job.attempt}
+        scheduled.append(job)
         result.placed.append(job.pk)
+    Allocation.objects.bulk_create(new_allocations)
+    jobs_transition_bulk(
+        jobs=scheduled,
+        to=JobState.SCHEDULED,
+        reasons=reasons,
+        actor_label="scheduler",
+        data=event_data,
+        update_fields=(
+            "attempt",
+            "borrowed",
+            "pending_reason",
+            "pending_message",
+            "queue_position",
+            "estimated_start_at",
+        ),
+    )
 
     for preemption in decided.preemptions:
         victim = (
@@ -391,11 +403,17 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
         )
         result.preempted.append(victim.pk)
 
-    placed = set(result.placed)
-    changed = []
+    result.pending = len(decided.pending)
+    return result
+
+
+def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
+    """Write why each unplaced job waits. Advisory, so it never waits for a lock: a job that
+    another transaction holds right now keeps its old reason until the next cycle."""
+    changed = {}
     for job_id, pending in decided.pending.items():
         job = state.jobs.get(job_id)
-        if job is None or job_id in placed or not job.pk:
+        if job is None or job_id in placed or job_id < 0:
             continue
         estimated = from_ts(pending.estimated_start) if pending.estimated_start else None
         new = (pending.reason.value, pending.message[:500], pending.position, estimated)
@@ -404,12 +422,20 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
             job.pending_reason, job.pending_message, job.queue_position, job.estimated_start_at = (
                 new
             )
-            changed.append(job)
-    Job.objects.bulk_update(
-        changed, ["pending_reason", "pending_message", "queue_position", "estimated_start_at"]
-    )
-    result.pending = len(decided.pending)
-    return result
+            changed[job_id] = job
+    if not changed:
+        return 0
+    with transaction.atomic():
+        free = set(
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=list(changed), state=JobState.QUEUED)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        rows = [changed[pk] for pk in sorted(free)]
+        return bulk_update_fast(
+            Job, rows, ["pending_reason", "pending_message", "queue_position", "estimated_start_at"]
+        )
 
 
 @transaction.atomic

@@ -333,8 +333,14 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
     job = _agent_job(node, job_id, report.attempt)
     label = f"agent:{node.name}"
     data = {"exit_code": report.exit_code, "signal": report.signal, "attempt": report.attempt}
-    if job.is_terminal:
-        return job  # cancelled while running: the stop is confirmed, nothing changes
+    if job.state not in (
+        JobState.SCHEDULED,
+        JobState.STARTING,
+        JobState.RUNNING,
+        JobState.PREEMPTING,
+    ):
+        # Already handled (a resent report) or cancelled while running: the stop is confirmed.
+        return job
     job.exit_code = report.exit_code
     if job.state == JobState.PREEMPTING:
         job.resume = bool(job.checkpoint_dir)

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from portal.db import bulk_update_fast
 from portal.errors import Conflict
 from portal.models import User
 from scheduler.models import Allocation, Job, JobEvent
@@ -119,3 +120,48 @@ def job_note(
         reason=reason[:500],
         data=data or {},
     )
+
+
+def jobs_transition_bulk(
+    *,
+    jobs: list[Job],
+    to: str,
+    reasons: dict[int, str],
+    actor_label: str,
+    data: dict[int, dict[str, Any]] | None = None,
+    update_fields: tuple[str, ...] = (),
+) -> None:
+    """`job_transition` for many jobs at once (the scheduling cycle's placements).
+
+    The caller has locked the rows and loaded their current state; every move is checked
+    against the same table, and every job gets its JobEvent.
+    """
+    if not jobs:
+        return
+    now = timezone.now()
+    fields = {"state", "updated_at", *update_fields}
+    events = []
+    for job in jobs:
+        if not can_transition(job.state, to):
+            raise Conflict(
+                f"Job {job.pk} is {job.state}; it cannot become {to}.", code="invalid_transition"
+            )
+        if job.state in HOLDS_GPUS and to not in HOLDS_GPUS:
+            raise Conflict("Bulk transitions do not release GPUs; use job_transition.")
+        events.append(
+            JobEvent(
+                job=job,
+                from_state=job.state,
+                to_state=to,
+                actor_label=actor_label,
+                reason=reasons.get(job.pk, "")[:500],
+                data=(data or {}).get(job.pk, {}),
+            )
+        )
+        job.state = to
+        job.updated_at = now
+        if to == S.QUEUED:
+            job.queued_at = now
+            fields.add("queued_at")
+    bulk_update_fast(Job, jobs, sorted(fields))
+    JobEvent.objects.bulk_create(events)

@@ -1,0 +1,166 @@
+"""The agent's configuration: environment variables, overridden by command-line flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.gpus import DEFAULT_SIM_GPUS, parse_sim_gpus
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+
+
+def default_workdir() -> Path:
+    """A stable place under the temp dir, so a restarted agent finds its state file again."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"gpu-agent-{uid}"
+
+
+@dataclass
+class Config:
+    """Everything the agent needs; `token` is never printed (not in repr either)."""
+
+    portal_url: str
+    token: str = field(repr=False)
+    workdir: Path = field(default_factory=default_workdir)
+    simulate: bool = False
+    sim_gpus: str = DEFAULT_SIM_GPUS
+    sim_seed: int | None = None
+    hostname: str = field(default_factory=socket.gethostname)
+    # None: use what the portal answers at registration (else the defaults below).
+    heartbeat_interval_s: float | None = None
+    poll_interval_s: float | None = None
+    request_timeout_s: float = 10.0
+    request_attempts: int = 3  # quick tries per request inside the loop, then the loop backs off
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    unauthorized_backoff_s: float = 60.0
+    default_grace_s: float = 30.0
+    tick_s: float = 0.2
+    log_flush_s: float = 1.0  # ship log output at least this often (and every 16 KiB)
+    ca_bundle: str | None = None
+    log_level: str = "INFO"
+
+    DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
+    DEFAULT_POLL_INTERVAL_S = 2.0
+
+    @classmethod
+    def from_args(
+        cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Config:
+        """Read the environment, then the flags (which win). Exits with usage on a bad value."""
+        env = os.environ if environ is None else environ
+        parser = build_parser(env)
+        args = parser.parse_args(argv)
+        token = env.get("NODE_TOKEN", "")
+        if args.token_file:
+            try:
+                token = Path(args.token_file).read_text().strip()
+            except OSError as exc:
+                parser.error(f"cannot read the token file: {exc}")
+        if not args.portal_url:
+            parser.error("PORTAL_URL (or --portal-url) is required")
+        if not token:
+            parser.error("NODE_TOKEN (or NODE_TOKEN_FILE / --token-file) is required")
+        try:
+            parse_sim_gpus(args.sim_gpus)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return cls(
+            portal_url=args.portal_url,
+            token=token,
+            workdir=Path(args.workdir) if args.workdir else default_workdir(),
+            simulate=args.simulate,
+            sim_gpus=args.sim_gpus,
+            sim_seed=args.sim_seed,
+            hostname=args.hostname or socket.gethostname(),
+            heartbeat_interval_s=args.heartbeat_interval,
+            poll_interval_s=args.poll_interval,
+            request_timeout_s=args.request_timeout,
+            default_grace_s=args.default_grace,
+            ca_bundle=args.ca_bundle,
+            log_level=args.log_level.upper(),
+        )
+
+
+def _float_or_none(value: str | None) -> float | None:
+    return float(value) if value not in (None, "") else None
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m agent",
+        description="GPU cloud node agent: registers this host with the portal, reports GPU "
+        "telemetry, runs the work the portal assigns.",
+    )
+    p.add_argument("--portal-url", default=env.get("PORTAL_URL", ""), help="env PORTAL_URL")
+    p.add_argument(
+        "--token-file",
+        default=env.get("NODE_TOKEN_FILE", ""),
+        help="read the node token from this file (env NODE_TOKEN_FILE); else env NODE_TOKEN. "
+        "There is deliberately no --token flag: argv is visible to every user of the host.",
+    )
+    p.add_argument(
+        "--workdir",
+        default=env.get("AGENT_WORKDIR", ""),
+        help="job working dirs, checkpoints and the agent's state file (env AGENT_WORKDIR; "
+        f"default {default_workdir()})",
+    )
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        default=env.get("AGENT_SIMULATE", "").strip().lower() in TRUE_WORDS,
+        help="simulated GPUs even where NVML works (env AGENT_SIMULATE=1)",
+    )
+    p.add_argument(
+        "--sim-gpus",
+        default=env.get("AGENT_SIM_GPUS", DEFAULT_SIM_GPUS),
+        help="simulated GPUs by catalog name, e.g. 4xH100-80GB-SXM or 2xL4,2xT4 "
+        "(env AGENT_SIM_GPUS)",
+    )
+    p.add_argument(
+        "--sim-seed",
+        type=int,
+        default=int(env["AGENT_SIM_SEED"]) if env.get("AGENT_SIM_SEED") else None,
+        help="seed for simulated telemetry (env AGENT_SIM_SEED)",
+    )
+    p.add_argument("--hostname", default=env.get("AGENT_HOSTNAME", ""), help="env AGENT_HOSTNAME")
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=_float_or_none(env.get("AGENT_HEARTBEAT_INTERVAL")),
+        help="seconds; default: what the portal says (env AGENT_HEARTBEAT_INTERVAL)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=_float_or_none(env.get("AGENT_POLL_INTERVAL")),
+        help="seconds between assignment polls; default: what the portal says "
+        "(env AGENT_POLL_INTERVAL)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=float(env.get("AGENT_REQUEST_TIMEOUT", "10")),
+        help="seconds per HTTP request (env AGENT_REQUEST_TIMEOUT)",
+    )
+    p.add_argument(
+        "--default-grace",
+        type=float,
+        default=float(env.get("AGENT_DEFAULT_GRACE", "30")),
+        help="SIGTERM→SIGKILL grace when the portal gives none (env AGENT_DEFAULT_GRACE)",
+    )
+    p.add_argument(
+        "--ca-bundle",
+        default=env.get("AGENT_CA_BUNDLE") or None,
+        help="CA bundle to verify the portal's TLS certificate (env AGENT_CA_BUNDLE)",
+    )
+    p.add_argument(
+        "--log-level", default=env.get("AGENT_LOG_LEVEL", "INFO"), help="env AGENT_LOG_LEVEL"
+    )
+    return p

@@ -1,0 +1,388 @@
+"""The agent's main loop: register, then heartbeat, poll assignments, run them, report.
+
+One thread drives everything in short ticks (`Agent.tick`); only the log pipe readers have their
+own threads. `Agent(config).run(stop_event)` runs in-process until the event is set, then stops
+all work (SIGTERM, grace, SIGKILL) and reports the exits before it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence, Set
+from types import FrameType
+from typing import Any
+
+from agent.client import (
+    Backoff,
+    Conflict,
+    PortalClient,
+    PortalError,
+    PortalUnavailable,
+    RequestRejected,
+    Unauthorized,
+)
+from agent.config import Config
+from agent.gpus import TELEMETRY_KEYS, GpuBackend, select_backend
+from agent.runner import (
+    LEFTOVER_GRACE_S,
+    READER_DRAIN_S,
+    Assignment,
+    AssignmentError,
+    Runner,
+    signal_group,
+    stop_reason_to_exit_reason,
+)
+
+log = logging.getLogger("agent")
+
+SHUTDOWN_REPORT_ATTEMPTS = 3
+MIN_INTERVAL_S = 0.05  # whatever the portal answers, the agent does not spin
+
+
+def host_resources() -> tuple[int, int]:
+    """(cpu_milli, memory_mib) of this host, as the portal's node inventory wants them."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return cpus * 1000, int(memory)
+
+
+class Agent:
+    """One node's agent. Construct it, then `run(stop_event)` (blocks until the event is set)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend: GpuBackend | None = None,
+        client: PortalClient | None = None,
+        runner: Runner | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend or select_backend(
+            simulate=config.simulate,
+            sim_gpus=config.sim_gpus,
+            hostname=config.hostname,
+            seed=config.sim_seed,
+        )
+        self.client = client or PortalClient(
+            config.portal_url,
+            config.token,
+            timeout_s=config.request_timeout_s,
+            backoff_initial_s=config.backoff_initial_s,
+            backoff_max_s=config.backoff_max_s,
+            ca_bundle=config.ca_bundle,
+        )
+        self.runner = runner or Runner(config.workdir, log_flush_s=config.log_flush_s)
+        self.node: str | None = None
+        self._gpu_uuids: set[str] = set()
+        self.heartbeat_interval_s = (
+            config.heartbeat_interval_s or Config.DEFAULT_HEARTBEAT_INTERVAL_S
+        )
+        self.poll_interval_s = config.poll_interval_s or Config.DEFAULT_POLL_INTERVAL_S
+        self.connected = False
+        self.fenced = False
+        self._fence_draining = False
+        self._reconcile = True
+        self._next_contact = 0.0
+        self._next_heartbeat = 0.0
+        self._next_poll = 0.0
+        self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Register, then loop until `stop` is set; then stop all work and report it."""
+        self.client.stop = stop
+        try:
+            leftovers = self.runner.kill_leftovers()
+            if leftovers:
+                log.warning("stopped %d attempt(s) a previous agent left running", len(leftovers))
+            if not self.register(stop):
+                return
+            while not stop.is_set():
+                try:
+                    self.tick()
+                except Exception:  # a bug in one round must not take the node's work down
+                    log.exception("unexpected error in the agent loop; carrying on")
+                    stop.wait(1.0)
+                stop.wait(self.config.tick_s)
+        finally:
+            self.shutdown()
+
+    def registration(self) -> dict[str, Any]:
+        inventory = self.backend.inventory()
+        cpu_milli, memory_mib = host_resources()
+        return {
+            "hostname": self.config.hostname,
+            "simulated": bool(inventory.get("simulated")),
+            "driver_version": inventory.get("driver_version"),
+            "cuda_version": inventory.get("cuda_version"),
+            "cpu_milli": cpu_milli,
+            "memory_mib": memory_mib,
+            "gpus": inventory.get("gpus", []),
+        }
+
+    def register(self, stop: threading.Event) -> bool:
+        """POST /register until the portal accepts it (True) or `stop` is set (False)."""
+        body = self.registration()
+        log.info(
+            "registering %s with %s: %d GPU(s)%s",
+            self.config.hostname,
+            self.config.portal_url,
+            len(body["gpus"]),
+            " (simulated)" if body["simulated"] else "",
+        )
+        backoff = Backoff(self.config.backoff_initial_s, self.config.backoff_max_s)
+        while not stop.is_set():
+            try:
+                answer = self.client.register(body)
+            except PortalUnavailable:
+                return False  # only when stopped: attempts are unlimited here
+            except Unauthorized as exc:
+                log.error(
+                    "the portal rejected this node's token (HTTP %s): check NODE_TOKEN / "
+                    "NODE_TOKEN_FILE; retrying in %.0fs",
+                    exc.status,
+                    self.config.unauthorized_backoff_s,
+                )
+                stop.wait(self.config.unauthorized_backoff_s)
+                continue
+            except PortalError as exc:
+                delay = max(backoff.next(), self.config.backoff_max_s / 2)
+                log.error("registration refused: %s; retrying in %.0fs", exc, delay)
+                stop.wait(delay)
+                continue
+            self.node = str(answer.get("node") or self.config.hostname)
+            self._gpu_uuids = {str(g["uuid"]) for g in body["gpus"]}
+            if self.config.heartbeat_interval_s is None and answer.get("heartbeat_interval_s"):
+                self.heartbeat_interval_s = max(
+                    MIN_INTERVAL_S, float(answer["heartbeat_interval_s"])
+                )
+            if self.config.poll_interval_s is None and answer.get("poll_interval_s"):
+                self.poll_interval_s = max(MIN_INTERVAL_S, float(answer["poll_interval_s"]))
+            log.info(
+                "registered as node %s (heartbeat every %gs, assignments every %gs)",
+                self.node,
+                self.heartbeat_interval_s,
+                self.poll_interval_s,
+            )
+            self.connected = True
+            self._reconcile = True
+            return True
+        return False
+
+    def shutdown(self) -> None:
+        """Stop all work (SIGTERM, grace, SIGKILL), report the exits if the portal answers."""
+        runner = self.runner
+        stopping = runner.stop_all("killed", "the node agent is shutting down")
+        if stopping:
+            log.info("stopping %d attempt(s) before exiting", stopping)
+        longest = max((j.grace_s for j in runner.alive_jobs()), default=0.0)
+        if not runner.wait_all(longest + LEFTOVER_GRACE_S + READER_DRAIN_S + 2.0):
+            for job in runner.alive_jobs():  # the last resort; nothing may outlive the agent
+                if job.pid is not None:
+                    signal_group(job.pid, signal.SIGKILL)
+            runner.wait_all(2.0)
+        if self.node is not None and runner.outbox:
+            try:
+                self._flush_outbox(attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event())
+                self._heartbeat(attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event())
+            except PortalError as exc:
+                log.warning(
+                    "could not tell the portal about %d exit(s) before exiting: %s",
+                    sum(1 for m in runner.outbox if m.kind == "exited"),
+                    exc,
+                )
+        self.backend.close()
+        self.client.close()
+        log.info("agent stopped")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One round: reap and ship, then whatever contact with the portal is due."""
+        self.runner.poll()
+        now = time.monotonic()
+        if now < self._next_contact:
+            return
+        attempts = self.config.request_attempts
+        try:
+            self._flush_outbox(attempts=attempts)
+            if self._reconcile or now >= self._next_heartbeat:
+                self._heartbeat(attempts=attempts)
+                self._next_heartbeat = now + self.heartbeat_interval_s
+            if self._reconcile or now >= self._next_poll:
+                self._poll_assignments(attempts=attempts)
+                self._next_poll = now + self.poll_interval_s
+                self.runner.poll()
+                self._flush_outbox(attempts=attempts)  # "started" right after the start
+        except Unauthorized as exc:
+            log.error(
+                "the portal rejected this node's token (%s): check NODE_TOKEN; work keeps "
+                "running; retrying in %.0fs",
+                exc,
+                self.config.unauthorized_backoff_s,
+            )
+            self._lost_contact(str(exc), self.config.unauthorized_backoff_s)
+            return
+        except PortalError as exc:  # unreachable, 5xx, or an answer that is not our JSON
+            self._lost_contact(str(exc), self._backoff.next())
+            return
+        if not self.connected:
+            log.warning("back in contact with the portal; reconciled")
+        self.connected = True
+        self._reconcile = False
+        self._backoff.reset()
+
+    def _lost_contact(self, why: str, delay: float) -> None:
+        if self.connected:
+            log.warning("lost contact with the portal (%s); work keeps running", why)
+        self.connected = False
+        self._reconcile = True  # on reconnect: report what runs, then apply assignments
+        self._next_contact = time.monotonic() + delay
+
+    def _heartbeat(self, *, attempts: int | None, stop: threading.Event | None = None) -> None:
+        try:
+            samples = self.backend.sample(self.runner.busy_gpus(), self.runner.processes_by_gpu())
+        except Exception:  # a telemetry glitch must never stop the heartbeat
+            log.exception("GPU telemetry failed; heartbeat without it")
+            samples = []
+        body = {
+            "telemetry": [{k: s.get(k) for k in TELEMETRY_KEYS} for s in samples],
+            "running": self.runner.running(),
+        }
+        try:
+            answer = self.client.heartbeat(body, attempts=attempts, stop=stop)
+        except Conflict:
+            self._set_fenced(True)
+            return
+        except RequestRejected as exc:
+            log.error("heartbeat refused: %s", exc)
+            return
+        self._set_fenced(bool(answer.get("fenced")))
+
+    def _poll_assignments(self, *, attempts: int | None) -> None:
+        try:
+            answer = self.client.assignments(attempts=attempts)
+        except Conflict:
+            self._set_fenced(True)
+            return
+        except RequestRejected as exc:
+            log.error("assignments refused: %s", exc)
+            return
+        self._set_fenced(bool(answer.get("fenced")))
+        if self.fenced:
+            return
+        assignments = []
+        unreadable: set[tuple[int, int]] = set()
+        for raw in answer.get("assignments") or []:
+            try:
+                assignments.append(
+                    Assignment.from_dict(raw, default_grace_s=self.config.default_grace_s)
+                )
+            except AssignmentError as exc:
+                log.error("ignoring an assignment: %s", exc)
+                # Still listed, so not to be stopped for want of a field.
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    unreadable.add((int(raw["job_id"]), int(raw["attempt"])))
+        self.apply(assignments, keep=unreadable)
+
+    def _set_fenced(self, fenced: bool) -> None:
+        if fenced and not self.fenced:
+            log.warning("the portal fenced this node: stopping all work, starting nothing")
+        elif not fenced and self.fenced:
+            log.warning("the portal lifted the fence on this node")
+        self.fenced = fenced
+        if fenced:
+            self._fence_draining = True
+            self.runner.stop_all("killed", "the portal fenced this node")
+
+    def apply(
+        self, assignments: Sequence[Assignment], *, keep: Set[tuple[int, int]] = frozenset()
+    ) -> None:
+        """Make the node run exactly the attempts the portal assigns to it (and `keep`)."""
+        runner = self.runner
+        by_key = {a.key: a for a in assignments}
+        for job in runner.alive_jobs():
+            a = by_key.get(job.key)
+            if a is None and job.key in keep:
+                continue
+            if a is None:
+                runner.stop(job.key, "killed", "no longer assigned to this node")
+            elif a.action == "stop":
+                runner.stop(
+                    job.key,
+                    stop_reason_to_exit_reason(a.stop_reason),
+                    f"stop requested by the portal ({a.stop_reason or 'no reason given'})",
+                    grace_s=a.grace_seconds,
+                )
+        if self._fence_draining:
+            if runner.jobs or runner.outbox:
+                return  # every exit of the fenced era is reported before anything new starts
+            self._fence_draining = False
+        for a in assignments:
+            if a.action != "run" or runner.knows(a.key):
+                continue
+            older = [j for j in runner.alive_jobs() if j.job_id == a.job_id]
+            if older:  # a new attempt replaces an old one only once the old one is gone
+                for j in older:
+                    runner.stop(j.key, "killed", f"superseded by attempt {a.attempt}")
+                continue
+            foreign = [u for u in a.gpu_uuids if u not in self._gpu_uuids]
+            if foreign:
+                runner.reject(a, f"GPU(s) not on this node: {', '.join(foreign)}")
+                continue
+            runner.start(a)
+
+    def _flush_outbox(self, *, attempts: int | None, stop: threading.Event | None = None) -> None:
+        """Send started/logs/exited reports in order; 409 forgets the attempt."""
+        runner = self.runner
+        while runner.outbox:
+            message = runner.outbox[0]
+            try:
+                self.client.request(
+                    "POST", message.path, message.body, attempts=attempts, stop=stop
+                )
+            except Conflict as exc:
+                runner.forget(message.key, f"the portal answered 409 ({exc.detail or 'stale'})")
+                continue
+            except RequestRejected as exc:
+                log.error("dropping a %s report the portal refused: %s", message.kind, exc)
+            if runner.outbox and runner.outbox[0] is message:
+                runner.outbox.popleft()
+
+
+def run(config: Config, stop: threading.Event | None = None) -> int:
+    """Run the agent in this process until SIGTERM/SIGINT (or `stop`); the exit status."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("%s received: stopping", signal.Signals(signum).name)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    Agent(config).run(stop)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = Config.from_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, config.log_level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    return run(config)

@@ -1,0 +1,761 @@
+"""Running assigned work as process groups: start, stream logs, stop with grace, report exits.
+
+Each attempt runs as `/bin/sh -c <command>` in a new session (its own process group), so a stop
+reaches every process the job started: SIGTERM to the group, `grace_seconds`, then SIGKILL. What
+the agent must tell the portal (started, log chunks, exited) is queued in `Runner.outbox`, in
+order; the main loop sends it. The runner is driven by one thread (`poll()`); only the pipe
+readers run on their own threads.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# What a stop is reported as, by the portal's stop_reason.
+EXIT_REASON_BY_STOP_REASON: dict[str | None, str] = {
+    "preempt": "preempted",
+    "cancel": "cancelled",
+    None: "killed",
+}
+
+# The agent's own secrets never reach a job's environment.
+PRIVATE_ENV = frozenset({"NODE_TOKEN", "NODE_TOKEN_FILE"})
+# Per-client MPS limits are set per job, never inherited from the agent.
+PER_JOB_CUDA_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    }
+)
+
+DEFAULT_GRACE_S = 30.0
+LEFTOVER_GRACE_S = 5.0  # background processes still alive after the job's main process ended
+READER_DRAIN_S = 5.0  # how long to wait for the pipes to close after the group is gone
+STATE_FILE_NAME = "agent-state.json"
+
+
+class AssignmentError(ValueError):
+    """An assignment from the portal that does not have the contract's shape."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One entry of `GET /assignments`."""
+
+    job_id: int
+    attempt: int
+    action: str  # "run" | "stop"
+    command: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpu_uuids: tuple[str, ...] = ()
+    share_milli: int = 1000
+    gpu_memory_limit_mib: int | None = None
+    working_dir: str | None = None
+    checkpoint_dir: str | None = None
+    grace_seconds: float = DEFAULT_GRACE_S
+    stop_reason: str | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], *, default_grace_s: float = DEFAULT_GRACE_S
+    ) -> Assignment:
+        try:
+            job_id = int(data["job_id"])
+            attempt = int(data["attempt"])
+            action = str(data.get("action") or "run")
+            if action not in ("run", "stop"):
+                raise AssignmentError(f"unknown action {action!r}")
+            env = data.get("env") or {}
+            if not isinstance(env, Mapping):
+                raise AssignmentError("env is not an object")
+            limit = data.get("gpu_memory_limit_mib")
+            grace = data.get("grace_seconds")
+            share = data.get("share_milli")
+            return cls(
+                job_id=job_id,
+                attempt=attempt,
+                action=action,
+                command=str(data.get("command") or ""),
+                env={str(k): str(v) for k, v in env.items()},
+                gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids") or ()),
+                share_milli=int(share) if share is not None else 1000,
+                gpu_memory_limit_mib=int(limit) if limit is not None else None,
+                working_dir=data.get("working_dir") or None,
+                checkpoint_dir=data.get("checkpoint_dir") or None,
+                grace_seconds=float(grace) if grace is not None else default_grace_s,
+                stop_reason=data.get("stop_reason"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AssignmentError(f"malformed assignment {data!r}: {exc}") from exc
+
+
+@dataclass
+class Message:
+    """Something to tell the portal about one job attempt: started, logs or exited."""
+
+    job_id: int
+    attempt: int
+    kind: str
+    body: dict[str, Any]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+    @property
+    def path(self) -> str:
+        return f"/jobs/{self.job_id}/{self.kind}"
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+# ---------------------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, process group, session, start time in ticks) from /proc, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rsplit(")", 1)[-1].split()
+    try:
+        return fields[0], int(fields[2]), int(fields[3]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    stat = _proc_stat(pid)
+    return stat[3] if stat else None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: ask the kernel whether anything is left
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _proc_stat(int(entry.name))
+        if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to a whole process group; False when nothing is left in it."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("no permission to signal process group %d", pgid)
+        return False
+    return True
+
+
+def _describe_status(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "?"
+    return f"killed by signal {-returncode} ({name})"
+
+
+def agent_source_root() -> str | None:
+    """The directory holding the `agent` package when it runs from a source checkout.
+
+    Jobs get it appended to PYTHONPATH so that `python3 -m agent.workload` works from their own
+    working directory; an installed agent (site-packages) adds nothing to a job's path.
+    """
+    root = Path(__file__).resolve().parent.parent
+    return None if root.name in ("site-packages", "dist-packages") else str(root)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# log streams
+# ---------------------------------------------------------------------------------------------
+
+
+class _Stream:
+    """Reads one pipe on a thread into a bounded buffer; the runner takes chunks from it."""
+
+    def __init__(self, name: str, fd: int, *, max_buffer: int, thread_name: str) -> None:
+        self.name = name
+        self._fd = fd
+        self._max_buffer = max_buffer
+        self._lock = threading.Lock()
+        self._buffer = bytearray()
+        self._oldest_at: float | None = None
+        self._dropped = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._read, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                data = os.read(self._fd, 65536)
+                if not data:
+                    break
+                with self._lock:
+                    if len(self._buffer) + len(data) > self._max_buffer:
+                        self._dropped += len(data)
+                        continue
+                    if not self._buffer:
+                        self._oldest_at = time.monotonic()
+                    self._buffer += data
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self.done.set()
+
+    def take(self, *, force: bool, flush_s: float, chunk_bytes: int) -> list[str]:
+        """Text chunks due for shipping: at least `chunk_bytes` waiting, or `flush_s` old."""
+        with self._lock:
+            if not self._buffer and not self._dropped:
+                return []
+            age = time.monotonic() - (self._oldest_at or time.monotonic())
+            if not force and len(self._buffer) < chunk_bytes and age < flush_s:
+                return []
+            pieces: list[bytes] = []
+            while self._buffer:
+                piece = bytes(self._buffer[:chunk_bytes])
+                if len(self._buffer) > chunk_bytes:
+                    newline = piece.rfind(b"\n")
+                    if newline >= 0:
+                        piece = piece[: newline + 1]
+                del self._buffer[: len(piece)]
+                pieces.append(piece)
+            dropped, self._dropped = self._dropped, 0
+            self._oldest_at = None
+        final = force and self.done.is_set()
+        texts = [self._decoder.decode(p) for p in pieces]
+        if final:
+            texts.append(self._decoder.decode(b"", final=True))
+        if dropped:
+            texts.append(f"\n[agent: {dropped} bytes of {self.name} dropped: output too fast]\n")
+        return [t for t in texts if t]
+
+
+# ---------------------------------------------------------------------------------------------
+# jobs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One attempt of one job on this node."""
+
+    assignment: Assignment
+    proc: subprocess.Popen[bytes] | None = None
+    pid: int | None = None
+    start_ticks: int | None = None
+    streams: list[_Stream] = field(default_factory=list)
+    seq: int = 0
+    returncode: int | None = None
+    leader_exited_at: float | None = None
+    group_gone_at: float | None = None
+    stop_reason: str | None = None  # the exit reason a stop reports: preempted/cancelled/killed
+    stop_message: str = ""
+    grace_s: float = 0.0
+    kill_at: float | None = None
+    kill_sent: bool = False
+    killed_hard: bool = False
+    leftovers_stopped: bool = False
+    forgotten: bool = False
+    finished: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.assignment.key
+
+    @property
+    def job_id(self) -> int:
+        return self.assignment.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.assignment.attempt
+
+    @property
+    def alive(self) -> bool:
+        """Some process of this attempt may still run."""
+        return self.proc is not None and self.group_gone_at is None
+
+
+class Runner:
+    """Starts and stops the node's work and queues what the portal must hear about it."""
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        *,
+        log_flush_s: float = 1.0,
+        log_chunk_bytes: int = 16 * 1024,
+        max_buffer_bytes: int = 4 * 1024 * 1024,
+        max_queued_log_messages: int = 256,
+        base_env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        shell: str = "/bin/sh",
+        job_pythonpath: str | None = agent_source_root(),
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_flush_s = log_flush_s
+        self.log_chunk_bytes = log_chunk_bytes
+        self.max_buffer_bytes = max_buffer_bytes
+        self.max_queued_log_messages = max_queued_log_messages
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.shell = shell
+        self.job_pythonpath = job_pythonpath
+        self._clock = clock
+        self.jobs: dict[tuple[int, int], Job] = {}
+        self.outbox: deque[Message] = deque()
+        self._finished: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self.state_file = self.workdir / STATE_FILE_NAME
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def knows(self, key: tuple[int, int]) -> bool:
+        """This attempt runs here now or ran here before: never start it (again)."""
+        return key in self.jobs or key in self._finished
+
+    def alive_jobs(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.alive]
+
+    def running(self) -> list[dict[str, Any]]:
+        """The heartbeat's `running`: every started attempt whose exit is not yet reported."""
+        return [
+            {"job_id": j.job_id, "attempt": j.attempt, "pid": j.pid}
+            for j in self.jobs.values()
+            if j.pid is not None
+        ]
+
+    def busy_gpus(self) -> set[str]:
+        return {u for j in self.alive_jobs() for u in j.assignment.gpu_uuids}
+
+    def processes_by_gpu(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for j in self.alive_jobs():
+            for u in j.assignment.gpu_uuids:
+                if j.pid is not None:
+                    out.setdefault(u, []).append(j.pid)
+        return out
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs and nothing is left to tell the portal."""
+        return not self.jobs and not self.outbox
+
+    # -- environment and directories ----------------------------------------------------------
+
+    def _resolve(self, path: str, under: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else self.workdir / under / p
+
+    def working_dir(self, a: Assignment) -> Path:
+        if a.working_dir:
+            return self._resolve(a.working_dir, "jobs")
+        return self.workdir / "jobs" / str(a.job_id)
+
+    def checkpoint_dir(self, a: Assignment) -> Path | None:
+        raw = a.env.get("CHECKPOINT_DIR") or a.checkpoint_dir
+        if not raw or "://" in raw:  # object storage URLs are the workload's business
+            return None
+        return self._resolve(raw, "checkpoints")
+
+    def job_env(self, a: Assignment) -> dict[str, str]:
+        """The job's environment: the agent's (minus its secrets), the portal's, the GPU fence."""
+        env = {
+            k: v
+            for k, v in self.base_env.items()
+            if k not in PRIVATE_ENV and k not in PER_JOB_CUDA_ENV
+        }
+        env.update(a.env)
+        if self.job_pythonpath:
+            paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            if self.job_pythonpath not in paths:
+                env["PYTHONPATH"] = os.pathsep.join([*paths, self.job_pythonpath])
+        checkpoint = self.checkpoint_dir(a)
+        if checkpoint is not None:
+            env["CHECKPOINT_DIR"] = str(checkpoint)
+        # Set last, so nothing in the job's own env can widen its view of the node's GPUs.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpu_uuids)
+        for key in PER_JOB_CUDA_ENV - {"CUDA_VISIBLE_DEVICES"}:
+            env.pop(key, None)
+        if a.gpu_uuids and a.share_milli < 1000:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(a.share_milli / 10)))
+            if a.gpu_memory_limit_mib:
+                # Device ordinals as the client sees them (after CUDA_VISIBLE_DEVICES).
+                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+                    f"{i}={a.gpu_memory_limit_mib}M" for i in range(len(a.gpu_uuids))
+                )
+        return env
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, a: Assignment) -> Job:
+        """Start an attempt; a start that fails is reported as `failed_to_start`."""
+        if self.knows(a.key):
+            raise ValueError(f"job {a.job_id} attempt {a.attempt} is already known here")
+        job = Job(assignment=a, grace_s=a.grace_seconds)
+        self.jobs[a.key] = job
+        try:
+            cwd = self.working_dir(a)
+            cwd.mkdir(parents=True, exist_ok=True)
+            checkpoint = self.checkpoint_dir(a)
+            if checkpoint is not None:
+                checkpoint.mkdir(parents=True, exist_ok=True)
+            if not a.command.strip():
+                raise ValueError("the assignment has no command")
+            proc = subprocess.Popen(  # noqa: S603 - running the portal's command is the point
+                [self.shell, "-c", a.command],
+                cwd=cwd,
+                env=self.job_env(a),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                bufsize=0,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            log.error("job %d attempt %d failed to start: %s", a.job_id, a.attempt, exc)
+            self._queue(job, "exited", self._exit_body(job, "failed_to_start", str(exc)))
+            self._retire(job)
+            return job
+        job.proc = proc
+        job.pid = proc.pid
+        job.start_ticks = process_start_ticks(proc.pid)
+        assert proc.stdout is not None and proc.stderr is not None
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            fd = os.dup(pipe.fileno())
+            pipe.close()
+            job.streams.append(
+                _Stream(
+                    name,
+                    fd,
+                    max_buffer=self.max_buffer_bytes,
+                    thread_name=f"job-{a.job_id}.{a.attempt}-{name}",
+                )
+            )
+        log.info(
+            "job %d attempt %d started: pid %d, GPUs %s",
+            a.job_id,
+            a.attempt,
+            proc.pid,
+            ",".join(a.gpu_uuids) or "none",
+        )
+        self._queue(job, "started", {"attempt": a.attempt, "pid": proc.pid})
+        self._save_state()
+        return job
+
+    def reject(self, a: Assignment, message: str) -> None:
+        """Refuse an attempt without starting it; it is reported as `failed_to_start`."""
+        job = Job(assignment=a)
+        self.jobs[a.key] = job
+        log.error("job %d attempt %d not started: %s", a.job_id, a.attempt, message)
+        self._queue(job, "exited", self._exit_body(job, "failed_to_start", message))
+        self._retire(job)
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def stop(
+        self,
+        key: tuple[int, int],
+        reason: str = "killed",
+        message: str = "",
+        *,
+        grace_s: float | None = None,
+    ) -> bool:
+        """SIGTERM the attempt's process group now, SIGKILL it after the grace (see `poll`).
+
+        A second stop keeps the first reason and may only shorten the grace.
+        """
+        job = self.jobs.get(key)
+        if job is None or not job.alive:
+            return False
+        grace = job.assignment.grace_seconds if grace_s is None else grace_s
+        deadline = self._clock() + max(0.0, grace)
+        if job.stop_reason is None:
+            job.stop_reason = reason
+            job.stop_message = message or reason
+            job.grace_s = grace
+            job.kill_at = deadline
+            log.info(
+                "stopping job %d attempt %d (%s): SIGTERM, SIGKILL in %gs",
+                job.job_id,
+                job.attempt,
+                job.stop_message,
+                grace,
+            )
+            assert job.pid is not None
+            signal_group(job.pid, signal.SIGTERM)
+        elif job.kill_at is None or deadline < job.kill_at:
+            job.kill_at = deadline
+            job.grace_s = grace
+        return True
+
+    def stop_all(self, reason: str, message: str, *, grace_s: float | None = None) -> int:
+        """Stop every attempt on the node; the number being stopped."""
+        return sum(self.stop(j.key, reason, message, grace_s=grace_s) for j in self.alive_jobs())
+
+    def forget(self, key: tuple[int, int], why: str = "stale attempt") -> None:
+        """The portal no longer knows this attempt: stop it, say nothing more about it."""
+        self.outbox = deque(m for m in self.outbox if m.key != key)
+        job = self.jobs.get(key)
+        if job is None:
+            return
+        log.warning("forgetting job %d attempt %d: %s", job.job_id, job.attempt, why)
+        job.forgotten = True
+        if job.alive:
+            self.stop(key, "killed", why)
+        else:
+            self._retire(job)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Reap exits, escalate stops, ship due log chunks, queue exit reports."""
+        now = self._clock()
+        for job in list(self.jobs.values()):
+            if job.proc is None:
+                continue
+            self._advance(job, now)
+            if job.forgotten:
+                if not job.alive:
+                    self._retire(job)
+                continue
+            self._ship_logs(job, force=False)
+            if not job.alive and self._streams_done(job, now):
+                self._ship_logs(job, force=True)
+                self._queue(job, "exited", self._final_exit_body(job))
+                self._retire(job)
+
+    def _advance(self, job: Job, now: float) -> None:
+        assert job.proc is not None and job.pid is not None
+        if job.returncode is None:
+            returncode = job.proc.poll()
+            if returncode is not None:
+                job.returncode = returncode
+                job.leader_exited_at = now
+                log.info(
+                    "job %d attempt %d: main process ended, %s",
+                    job.job_id,
+                    job.attempt,
+                    _describe_status(returncode),
+                )
+        if job.kill_at is not None and now >= job.kill_at and not job.kill_sent:
+            job.kill_sent = True
+            if signal_group(job.pid, signal.SIGKILL):
+                job.killed_hard = True
+                log.warning(
+                    "job %d attempt %d outlived SIGTERM by %gs: SIGKILL",
+                    job.job_id,
+                    job.attempt,
+                    job.grace_s,
+                )
+        if job.returncode is None or job.group_gone_at is not None:
+            return
+        if not group_members(job.pid):
+            job.group_gone_at = now
+            return
+        if job.stop_reason is None and not job.leftovers_stopped:
+            # The main process is done; whatever it left behind must not outlive the job.
+            job.leftovers_stopped = True
+            job.kill_at = now + LEFTOVER_GRACE_S
+            job.grace_s = LEFTOVER_GRACE_S
+            signal_group(job.pid, signal.SIGTERM)
+        elif job.kill_sent and job.kill_at is not None and now >= job.kill_at + READER_DRAIN_S:
+            job.group_gone_at = now  # unkillable (D state) or zombie-only: give up waiting
+
+    def _streams_done(self, job: Job, now: float) -> bool:
+        if all(s.done.is_set() for s in job.streams):
+            return True
+        # A process that left the group (setsid) can hold the pipes open: do not wait forever.
+        return job.group_gone_at is not None and now - job.group_gone_at >= READER_DRAIN_S
+
+    def _ship_logs(self, job: Job, *, force: bool) -> None:
+        if not force:
+            queued = sum(1 for m in self.outbox if m.kind == "logs")
+            if queued >= self.max_queued_log_messages:
+                return  # the portal is slow or away; the stream buffers hold (and cap) the rest
+        for stream in job.streams:
+            for text in stream.take(
+                force=force, flush_s=self.log_flush_s, chunk_bytes=self.log_chunk_bytes
+            ):
+                body = {"attempt": job.attempt, "seq": job.seq, "stream": stream.name, "text": text}
+                job.seq += 1
+                self._queue(job, "logs", body)
+
+    def _final_exit_body(self, job: Job) -> dict[str, Any]:
+        returncode = job.returncode
+        status = _describe_status(returncode) if returncode is not None else "status unknown"
+        if job.stop_reason is not None:
+            how = (
+                f"SIGKILL after {job.grace_s:g}s grace"
+                if job.killed_hard
+                else "ended after SIGTERM"
+            )
+            message = f"{job.stop_message}: {how}; {status}"
+            reason = job.stop_reason
+        else:
+            message = status
+            if job.leftovers_stopped:
+                message += "; leftover background processes were stopped"
+            reason = "exited"
+        return self._exit_body(job, reason, message)
+
+    @staticmethod
+    def _exit_body(job: Job, reason: str, message: str) -> dict[str, Any]:
+        rc = job.returncode
+        return {
+            "attempt": job.attempt,
+            "exit_code": rc if rc is not None and rc >= 0 else None,
+            "signal": -rc if rc is not None and rc < 0 else None,
+            "reason": reason,
+            "message": message,
+        }
+
+    def _queue(self, job: Job, kind: str, body: dict[str, Any]) -> None:
+        self.outbox.append(Message(job.job_id, job.attempt, kind, body))
+
+    def _retire(self, job: Job) -> None:
+        job.finished = True
+        self.jobs.pop(job.key, None)
+        self._finished[job.key] = None
+        while len(self._finished) > 10_000:
+            self._finished.popitem(last=False)
+        self._save_state()
+
+    def wait_all(self, timeout_s: float, *, tick_s: float = 0.05) -> bool:
+        """Poll until no attempt has a process left (True), or the timeout passes."""
+        deadline = time.monotonic() + timeout_s
+        while any(j.alive for j in self.jobs.values()):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(tick_s)
+            self.poll()
+        self.poll()
+        return True
+
+    # -- surviving an agent crash ---------------------------------------------------------------
+
+    def _save_state(self) -> None:
+        """Which process groups are ours, so a restarted agent can clean up after a crash."""
+        records = [
+            {
+                "job_id": j.job_id,
+                "attempt": j.attempt,
+                "pgid": j.pid,
+                "start_ticks": j.start_ticks,
+            }
+            for j in self.jobs.values()
+            if j.pid is not None
+        ]
+        tmp = self.state_file.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"boot_id": _boot_id(), "groups": records}))
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.state_file, exc)
+
+    def kill_leftovers(self, grace_s: float = 10.0) -> list[Message]:
+        """Stop process groups a previous agent on this host left running (it crashed).
+
+        Their pipes died with that agent, so they can be neither watched nor logged: SIGTERM,
+        the grace, SIGKILL. Their exit reports are queued in the outbox (and returned).
+        """
+        try:
+            state = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return []
+        if state.get("boot_id") != _boot_id():
+            return []  # the host rebooted: nothing of ours survived
+        reports: list[Message] = []
+        groups: list[int] = []
+        for record in state.get("groups", []):
+            pgid = int(record["pgid"])
+            leader = _proc_stat(pgid)
+            if leader is not None and leader[3] != record.get("start_ticks"):
+                continue  # the id belongs to some other process now
+            if not group_members(pgid):
+                continue
+            log.warning(
+                "stopping job %s attempt %s (process group %d) left behind by a previous agent",
+                record["job_id"],
+                record["attempt"],
+                pgid,
+            )
+            signal_group(pgid, signal.SIGTERM)
+            groups.append(pgid)
+            reports.append(
+                Message(
+                    int(record["job_id"]),
+                    int(record["attempt"]),
+                    "exited",
+                    {
+                        "attempt": int(record["attempt"]),
+                        "exit_code": None,
+                        "signal": None,
+                        "reason": "killed",
+                        "message": "the node agent restarted; the attempt's processes were stopped",
+                    },
+                )
+            )
+            self._finished[(int(record["job_id"]), int(record["attempt"]))] = None
+        deadline = time.monotonic() + grace_s
+        while groups and time.monotonic() < deadline:
+            groups = [g for g in groups if group_members(g)]
+            time.sleep(0.05)
+        for pgid in groups:
+            signal_group(pgid, signal.SIGKILL)
+        self.outbox.extend(reports)
+        self._save_state()
+        return reports
+
+
+def stop_reason_to_exit_reason(stop_reason: str | None) -> str:
+    return EXIT_REASON_BY_STOP_REASON.get(stop_reason, "killed")

@@ -1,0 +1,36 @@
+"""Run a benchmark against a real, dedicated PostgreSQL database (created and migrated here).
+
+Uses DATABASE_URL's server with the database name `<name>_bench`; never the development one.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse, urlunparse
+
+
+def setup(db_suffix: str = "bench") -> str:
+    """Point Django at a fresh bench database, migrate it, and return its URL."""
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal")
+    parts = urlparse(base)
+    name = f"{parts.path.lstrip('/') or 'gpuportal'}_{db_suffix}"
+    os.environ["DATABASE_URL"] = urlunparse(parts._replace(path=f"/{name}"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.test")
+    import psycopg
+
+    admin = urlunparse(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return os.environ["DATABASE_URL"]
+
+
+def teardown() -> None:
+    from django.db import connections
+
+    connections.close_all()

@@ -1,0 +1,475 @@
+"""The whole agent in-process against a fake portal that implements the agent API contract."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import Config
+from agent.gpus import TELEMETRY_KEYS
+from agent.main import Agent
+
+TOKEN = "node-token-for-tests-0123456789"
+API = "/api/agent/v1"
+
+
+class FakePortal:
+    """A threaded loopback server speaking the agent API; tests script its state."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str, Any]] = []  # (method, path, body), in arrival order
+        self.assignments: list[dict[str, Any]] = []
+        self.fenced = False
+        self.unfence_when_idle = False
+        self.down = False  # answer 503 to everything, like a restarting portal
+        self.stale: set[tuple[int, int]] = set()  # (job, attempt) answered with 409
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                status, answer = outer.answer(self.command, self.path, body, self.headers)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _handle
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
+
+    def answer(self, method: str, path: str, body: Any, headers: Any) -> tuple[int, Any]:
+        with self.lock:
+            if self.down:
+                return 503, {"detail": "restarting"}
+            if headers.get("Authorization") != f"Bearer {TOKEN}":
+                return 401, {"detail": "bad token"}
+            assert path.startswith(API), path
+            path = path[len(API) :]
+            self.calls.append((method, path, body))
+            if path == "/register":
+                return 200, {"node": "node-1", "heartbeat_interval_s": 0.1, "poll_interval_s": 0.05}
+            if path == "/heartbeat":
+                if self.fenced and self.unfence_when_idle and not body["running"]:
+                    self.fenced = False
+                return 200, {"ok": True, "fenced": self.fenced}
+            if path == "/assignments":
+                return 200, {"fenced": self.fenced, "assignments": list(self.assignments)}
+            match = re.fullmatch(r"/jobs/(\d+)/(started|exited|logs)", path)
+            if match:
+                if (int(match.group(1)), body["attempt"]) in self.stale:
+                    return 409, {"detail": "stale attempt"}
+                return 200, {"ok": True}
+            return 404, {"detail": "no such endpoint"}
+
+    # -- what the agent told us ------------------------------------------------------------------
+
+    def bodies(self, path: str) -> list[Any]:
+        with self.lock:
+            return [b for _, p, b in self.calls if p == path]
+
+    def job_reports(self, job_id: int, kind: str) -> list[dict[str, Any]]:
+        return self.bodies(f"/jobs/{job_id}/{kind}")
+
+    def log_text(self, job_id: int, stream: str = "stdout", attempt: int | None = None) -> str:
+        chunks = [
+            b
+            for b in self.job_reports(job_id, "logs")
+            if b["stream"] == stream and (attempt is None or b["attempt"] == attempt)
+        ]
+        return "".join(c["text"] for c in sorted(chunks, key=lambda c: c["seq"]))
+
+    def index_of(self, path: str, pred: Callable[[Any], bool] = lambda b: True) -> int:
+        with self.lock:
+            for i, (_, p, b) in enumerate(self.calls):
+                if p == path and pred(b):
+                    return i
+        raise AssertionError(f"no {path} call")
+
+    def set(self, **state: Any) -> None:
+        with self.lock:
+            for k, v in state.items():
+                setattr(self, k, v)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 8.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def job(job_id: int, command: str, attempt: int = 1, **kw: Any) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "attempt": attempt,
+        "action": "run",
+        "stop_reason": None,
+        "command": command,
+        "env": {"JOB_ID": str(job_id)},
+        "gpu_uuids": [],
+        "share_milli": 1000,
+        "gpu_memory_limit_mib": None,
+        "working_dir": None,
+        "checkpoint_dir": None,
+        "grace_seconds": 5,
+        **kw,
+    }
+
+
+class Running:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=agent.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def shut_down(self, timeout: float = 15.0) -> None:
+        self.stop.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the agent did not stop"
+
+
+@pytest.fixture
+def portal() -> Iterator[FakePortal]:
+    p = FakePortal()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path, portal: FakePortal) -> Iterator[Callable[..., Running]]:
+    running: list[Running] = []
+
+    def start(token: str = TOKEN, **config: Any) -> Running:
+        cfg = Config(
+            portal_url=portal.url,
+            token=token,
+            workdir=tmp_path / "work",
+            simulate=True,
+            sim_gpus="2xH100-80GB-SXM",
+            sim_seed=1,
+            hostname="test-host",
+            tick_s=0.02,
+            log_flush_s=0.1,
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+            **config,
+        )
+        r = Running(Agent(cfg))
+        running.append(r)
+        return r
+
+    yield start
+    for r in running:
+        r.shut_down()
+
+
+def test_registers_heartbeats_runs_a_job_and_reports_it(
+    portal: FakePortal, start_agent: Callable[..., Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    agent = start_agent()
+    (reg,) = wait_for(lambda: portal.bodies("/register"))
+    assert reg["hostname"] == "test-host" and reg["simulated"] is True
+    assert reg["cpu_milli"] >= 1000 and reg["memory_mib"] > 0
+    assert reg["driver_version"] and reg["cuda_version"]
+    assert [g["name"] for g in reg["gpus"]] == ["H100-80GB-SXM"] * 2
+    assert set(reg["gpus"][0]) == {"index", "uuid", "name", "memory_mib", "mig_mode"}
+    gpu0, gpu1 = (g["uuid"] for g in reg["gpus"])
+
+    # The portal's intervals are used: several heartbeats within half a second.
+    wait_for(lambda: len(portal.bodies("/heartbeat")) >= 3, 2.0)
+    beat = portal.bodies("/heartbeat")[0]
+    assert beat["running"] == []
+    assert [t["uuid"] for t in beat["telemetry"]] == [gpu0, gpu1]
+    assert set(beat["telemetry"][0]) == set(TELEMETRY_KEYS)  # exactly the contract's keys
+
+    portal.set(
+        assignments=[
+            job(1, "echo hello from job 1; echo warning >&2; sleep 0.4; exit 7", gpu_uuids=[gpu0])
+        ]
+    )
+    (exited,) = wait_for(lambda: portal.job_reports(1, "exited"))
+    assert exited == {
+        "attempt": 1,
+        "exit_code": 7,
+        "signal": None,
+        "reason": "exited",
+        "message": "exit code 7",
+    }
+    (started,) = portal.job_reports(1, "started")
+    assert started["attempt"] == 1 and started["pid"] > 0
+    assert portal.log_text(1) == "hello from job 1\n"
+    assert portal.log_text(1, "stderr") == "warning\n"
+    # Order: started, then every log chunk, then exited.
+    first_log = portal.index_of("/jobs/1/logs")
+    assert portal.index_of("/jobs/1/started") < first_log < portal.index_of("/jobs/1/exited")
+
+    # While it ran, the heartbeat said so, and its GPU was the busy one.
+    while_running = [
+        b for b in portal.bodies("/heartbeat") if b["running"] and b["running"][0]["job_id"] == 1
+    ]
+    assert while_running and while_running[0]["running"] == [
+        {"job_id": 1, "attempt": 1, "pid": started["pid"]}
+    ]
+    telemetry = {t["uuid"]: t for t in while_running[-1]["telemetry"]}
+    assert telemetry[gpu0]["utilization"] >= 70 and telemetry[gpu1]["utilization"] <= 3
+
+    # The finished attempt is still in the assignment list for a while: it is not rerun.
+    time.sleep(0.2)
+    assert len(portal.job_reports(1, "started")) == 1
+    agent.shut_down()
+    assert TOKEN not in caplog.text
+
+
+def test_stops_a_job_that_disappears_from_the_assignments(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    portal.set(assignments=[job(2, "sleep 300"), job(3, "sleep 300")])
+    start_agent()
+    wait_for(lambda: portal.job_reports(2, "started") and portal.job_reports(3, "started"))
+    pid = portal.job_reports(2, "started")[0]["pid"]
+    assert alive(pid)
+
+    portal.set(assignments=[job(3, "sleep 300")])
+    (exited,) = wait_for(lambda: portal.job_reports(2, "exited"), 5.0)
+    assert exited["reason"] == "killed" and exited["signal"] == 15
+    assert "no longer assigned" in exited["message"]
+    assert not alive(pid)
+    wait_for(lambda: [r["job_id"] for r in portal.bodies("/heartbeat")[-1]["running"]] == [3], 2.0)
+    assert portal.job_reports(3, "exited") == []
+
+
+def test_preempt_checkpoints_and_the_next_attempt_resumes(
+    portal: FakePortal, start_agent: Callable[..., Running], tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt" / "4"
+    workload = f"{sys.executable} -m agent.workload --seconds 60 --step-seconds 0.05 --checkpoint-every 0.2"
+    env = {"JOB_ID": "4", "CHECKPOINT_DIR": str(ckpt), "RESUME": "0"}
+    portal.set(assignments=[job(4, workload, env=env)])
+    start_agent()
+    wait_for(lambda: "step 5/" in portal.log_text(4))
+
+    portal.set(assignments=[job(4, workload, env=env, action="stop", stop_reason="preempt")])
+    (exited,) = wait_for(lambda: portal.job_reports(4, "exited"), 5.0)
+    assert exited["reason"] == "preempted"
+    # The shell (dash does not exec a lone command) dies of the SIGTERM at once; the workload in
+    # the same group got it too, and the agent waited for it to save and exit (143).
+    assert exited["exit_code"] == 143 or exited["signal"] == 15
+    assert "ended after SIGTERM" in exited["message"]
+    saved = json.loads((ckpt / "checkpoint.json").read_text())
+    assert saved["step"] >= 5
+    assert "SIGTERM: checkpoint saved" in portal.log_text(4)
+
+    resume_env = {**env, "RESUME": "1"}
+    portal.set(assignments=[job(4, workload, attempt=2, env=resume_env)])
+    wait_for(lambda: "resumed from checkpoint" in portal.log_text(4, attempt=2))
+    assert f"resumed from checkpoint at step {saved['step']}" in portal.log_text(4, attempt=2)
+    seqs = [b["seq"] for b in portal.job_reports(4, "logs") if b["attempt"] == 2]
+    assert min(seqs) == 0  # seq numbers restart per attempt
+
+
+def test_an_assignment_for_gpus_this_node_lacks_is_refused(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    portal.set(assignments=[job(10, "echo should not run", gpu_uuids=["GPU-not-here"])])
+    start_agent()
+    (exited,) = wait_for(lambda: portal.job_reports(10, "exited"))
+    assert exited["reason"] == "failed_to_start" and "GPU-not-here" in exited["message"]
+    time.sleep(0.2)
+    assert portal.job_reports(10, "started") == [] and portal.log_text(10) == ""
+    assert len(portal.job_reports(10, "exited")) == 1  # refused once, not on every poll
+
+
+def test_a_malformed_entry_does_not_stop_the_attempt_it_names(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    portal.set(assignments=[job(11, "sleep 300")])
+    start_agent()
+    wait_for(lambda: portal.job_reports(11, "started"))
+    portal.set(assignments=[job(11, "sleep 300", env=["not", "an", "object"])])
+    time.sleep(0.3)
+    assert portal.job_reports(11, "exited") == []
+    assert [r["job_id"] for r in portal.bodies("/heartbeat")[-1]["running"]] == [11]
+
+
+def test_obeys_fenced_stops_everything_and_starts_nothing_until_unfenced(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    portal.set(assignments=[job(5, "sleep 300")])
+    start_agent()
+    wait_for(lambda: portal.job_reports(5, "started"))
+    pid = portal.job_reports(5, "started")[0]["pid"]
+
+    # The portal fences the node and wants a different job; the node must drain first.
+    portal.set(fenced=True, assignments=[job(6, "echo six")])
+    (exited,) = wait_for(lambda: portal.job_reports(5, "exited"), 5.0)
+    assert exited["reason"] == "killed" and "fenced" in exited["message"]
+    assert not alive(pid)
+    time.sleep(0.3)
+    assert portal.job_reports(6, "started") == []  # nothing new while fenced
+    assert portal.bodies("/heartbeat")[-1]["running"] == []
+
+    portal.set(unfence_when_idle=True)
+    wait_for(lambda: portal.job_reports(6, "exited"), 5.0)
+    assert portal.index_of("/jobs/5/exited") < portal.index_of("/jobs/6/started")
+
+
+def test_a_409_makes_the_agent_stop_and_forget_the_attempt(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    portal.set(assignments=[job(7, "echo tick; sleep 300")])
+    start_agent()
+    wait_for(lambda: portal.job_reports(7, "started"))
+    pid = portal.job_reports(7, "started")[0]["pid"]
+    portal.set(stale={(7, 1)})  # the log chunk now answers 409
+    wait_for(lambda: not alive(pid), 5.0)
+    time.sleep(0.3)
+    assert portal.job_reports(7, "exited") == []  # a forgotten attempt is not reported
+    assert portal.bodies("/heartbeat")[-1]["running"] == []
+
+
+def test_rides_out_a_portal_outage_and_reconciles(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    portal.set(assignments=[job(8, "sleep 0.2; echo finished during the outage")])
+    start_agent()
+    wait_for(lambda: portal.job_reports(8, "started"))
+    portal.set(down=True)
+    time.sleep(0.6)  # the job ends while the portal is away
+    calls_before = len(portal.calls)
+    portal.set(down=False)
+
+    (exited,) = wait_for(lambda: portal.job_reports(8, "exited"), 5.0)
+    assert exited["exit_code"] == 0
+    assert portal.log_text(8) == "finished during the outage\n"
+    assert len(portal.job_reports(8, "started")) == 1  # not restarted on reconnect
+
+    # After reconnecting it first reports what it runs, then reads its assignments.
+    def after() -> list[str]:
+        with portal.lock:
+            return [p for _, p, _ in portal.calls[calls_before:]]
+
+    wait_for(lambda: "/assignments" in after(), 3.0)
+    assert after().index("/heartbeat") < after().index("/assignments")
+
+
+def test_shutdown_stops_all_work_and_reports_it(
+    portal: FakePortal, start_agent: Callable[..., Running], tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "child.pid"
+    portal.set(assignments=[job(9, f"sleep 300 & echo $! > {pidfile}; wait", grace_seconds=10)])
+    agent = start_agent()
+    wait_for(lambda: portal.job_reports(9, "started") and pidfile.exists() and pidfile.read_text())
+    pid = portal.job_reports(9, "started")[0]["pid"]
+    child = int(pidfile.read_text())
+
+    agent.shut_down()
+    assert not alive(pid) and not alive(child)
+    (exited,) = portal.job_reports(9, "exited")
+    assert exited["reason"] == "killed" and "shutting down" in exited["message"]
+    assert portal.bodies("/heartbeat")[-1]["running"] == []
+
+
+def test_a_rejected_token_is_logged_clearly_and_never_printed(
+    portal: FakePortal, start_agent: Callable[..., Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    bad = "wrong-token-abcdefghijklmnop"
+    agent = start_agent(token=bad, unauthorized_backoff_s=30.0)
+    wait_for(lambda: "rejected this node's token" in caplog.text, 3.0)
+    assert portal.calls == []  # nothing authenticated got through
+    started = time.monotonic()
+    agent.shut_down()  # it was waiting out the long backoff; stopping is still prompt
+    assert time.monotonic() - started < 3.0
+    assert bad not in caplog.text and TOKEN not in caplog.text
+
+
+def test_config_from_env_and_flags(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    env = {
+        "PORTAL_URL": "https://portal.example",
+        "NODE_TOKEN": "from-env",
+        "AGENT_SIMULATE": "yes",
+        "AGENT_SIM_GPUS": "2xL4,2xT4",
+        "AGENT_WORKDIR": str(tmp_path / "w"),
+        "AGENT_HEARTBEAT_INTERVAL": "7.5",
+    }
+    cfg = Config.from_args(["--poll-interval", "1.5", "--token-file", str(token_file)], env)
+    assert cfg.portal_url == "https://portal.example"
+    assert cfg.token == TOKEN  # the file wins over the environment
+    assert cfg.simulate is True and cfg.sim_gpus == "2xL4,2xT4"
+    assert cfg.workdir == tmp_path / "w"
+    assert (cfg.heartbeat_interval_s, cfg.poll_interval_s) == (7.5, 1.5)
+    assert TOKEN not in repr(cfg)
+    with pytest.raises(SystemExit):
+        Config.from_args([], {"PORTAL_URL": "http://x"})  # no token
+    with pytest.raises(SystemExit):
+        Config.from_args([], {**env, "AGENT_SIM_GPUS": "3xB300"})
+
+
+def test_main_runs_until_sigterm(portal: FakePortal, tmp_path: Path) -> None:
+    """`python -m agent` as a real process: registers, then exits cleanly on SIGTERM."""
+    import signal
+    import subprocess
+
+    env = {
+        **os.environ,
+        "PORTAL_URL": portal.url,
+        "NODE_TOKEN": TOKEN,
+        "AGENT_WORKDIR": str(tmp_path / "w"),
+        "AGENT_SIMULATE": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "agent"], env=env, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: portal.bodies("/heartbeat"), 8.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode()
+    assert "registered as node node-1" in err and "SIGTERM received" in err
+    assert TOKEN not in err
