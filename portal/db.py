@@ -41,10 +41,10 @@ def bulk_update_fast(
             f"{connection.ops.quote_name(c.column)} = v.c{i}::{casts[i + 1]}"
             for i, c in enumerate(cols)
         )
-        sql = (
-            f"UPDATE {table} AS t SET {assignments} FROM (VALUES {', '.join(rows)}) "
-            f"AS v({', '.join(names)}) WHERE t.{connection.ops.quote_name(pk.column)} = v.id_::{casts[0]}"
-        )
+        # Identifiers come from the model's metadata and values are parameters.
+        where = f"t.{connection.ops.quote_name(pk.column)} = v.id_::{casts[0]}"
+        values_sql = ", ".join(rows)
+        sql = f"UPDATE {table} AS t SET {assignments} FROM (VALUES {values_sql}) AS v({', '.join(names)}) WHERE {where}"  # noqa: S608
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             total += cursor.rowcount
