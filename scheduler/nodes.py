@@ -82,13 +82,34 @@ def node_register(*, node: Node, inventory: dict[str, Any]) -> Node:
     taken = Gpu.objects.filter(uuid__in=[g["uuid"] for g in gpus]).exclude(node=node)
     if taken.exists():
         raise Conflict("A GPU UUID in this inventory belongs to another node.")
-    existing = {g.uuid: g for g in node.gpus.all()}
-    reported = set()
+    # A Gpu row is a slot (node, index); the device in it may be replaced (a new UUID).
+    slots = {g.index: g for g in node.gpus.all()}
+    replaced = [
+        (slots[g["index"]], g)
+        for g in gpus
+        if g["index"] in slots and slots[g["index"]].uuid != g["uuid"]
+    ]
+    for row, _ in replaced:  # free the old UUIDs first: two slots may swap devices
+        row.uuid = f"replaced-{row.pk}"
+        row.save(update_fields=["uuid"])
+    for row, reported in replaced:
+        for job in _jobs_holding(gpu=row):
+            _requeue_after_fault(
+                job,
+                f"GPU {row.index} on {node.name} was replaced",
+                end_reason=Allocation.EndReason.GPU_FAULT,
+                actor=f"agent:{node.name}",
+            )
+        NodeEvent.objects.create(
+            node=node,
+            gpu=row,
+            kind="gpu_replaced",
+            message=f"GPU {row.index} now reports UUID {reported['uuid']}",
+        )
+        row.health = Gpu.Health.HEALTHY
     for gpu in gpus:
-        reported.add(gpu["uuid"])
-        row = existing.get(gpu["uuid"])
+        row = slots.get(gpu["index"])
         if row is None:
-            Gpu.objects.filter(node=node, index=gpu["index"]).exclude(uuid=gpu["uuid"]).delete()
             Gpu.objects.create(
                 node=node,
                 index=gpu["index"],
@@ -99,18 +120,20 @@ def node_register(*, node: Node, inventory: dict[str, Any]) -> Node:
                 if gpu.get("mig_mode")
                 else Gpu.SharingMode.EXCLUSIVE,
             )
-        else:
-            row.index, row.memory_mib, row.model = (
-                gpu["index"],
-                gpu["memory_mib"],
-                models[gpu["uuid"]],
+            continue
+        row.uuid, row.model, row.memory_mib = gpu["uuid"], models[gpu["uuid"]], gpu["memory_mib"]
+        row.save(update_fields=["uuid", "model", "memory_mib", "health"])
+    for index, row in slots.items():  # a device that vanished: unhealthy, not deleted
+        if index not in indexes and row.health != Gpu.Health.UNHEALTHY:
+            row.health = Gpu.Health.UNHEALTHY
+            row.save(update_fields=["health"])
+            NodeEvent.objects.create(
+                node=node,
+                gpu=row,
+                severity=NodeEvent.Severity.CRITICAL,
+                kind="gpu_missing",
+                message=f"GPU {index} is missing from the node's inventory",
             )
-            row.save(update_fields=["index", "memory_mib", "model"])
-    missing = [g for uuid, g in existing.items() if uuid not in reported]
-    for gpu in missing:  # a GPU that vanished is unhealthy, not deleted: allocations point at it
-        if gpu.health != Gpu.Health.UNHEALTHY:
-            gpu.health = Gpu.Health.UNHEALTHY
-            gpu.save(update_fields=["health"])
     node.driver_version = inventory.get("driver_version", "")[:32]
     node.cuda_version = inventory.get("cuda_version", "")[:16]
     if inventory.get("cpu_milli"):

@@ -1,24 +1,54 @@
 #!/usr/bin/env bash
-# Set up and start the portal on the embedded default (or DATABASE_URL / REDIS_URL when set).
+# Set up and start the portal with its Celery worker and beat and one simulated agent per
+# demo node, on the embedded default (or DATABASE_URL / REDIS_URL when set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
+CELERY=${VENV:-.venv}/bin/celery
 PORT=${PORT:-8000}
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-portal.settings.local}
-mkdir -p var/broker var/log
+export AGENT_PORTAL_URL="http://127.0.0.1:${PORT}"
+mkdir -p var/broker var/log var/agents
 "$PY" manage.py migrate --noinput -v0
-"$PY" manage.py seed_demo
+"$PY" manage.py seed_demo --agent-tokens var/agents
+
 pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+stop() {
+  trap - EXIT INT TERM
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
 trap stop EXIT INT TERM
-if [ -x scripts/run-workers.sh ]; then
-  bash scripts/run-workers.sh & pids+=($!)
-fi
-echo
-echo "  GPU Cloud portal: http://127.0.0.1:${PORT}/"
-echo "  API docs:         http://127.0.0.1:${PORT}/api/docs/"
-echo "  Log in with the demo accounts listed above. Ctrl-C stops everything."
-echo
-"$PY" manage.py runserver "127.0.0.1:${PORT}" --noreload &
+
+"$PY" manage.py runserver "127.0.0.1:${PORT}" --noreload >var/log/web.log 2>&1 &
 pids+=($!)
-wait "${pids[-1]}"
+"$CELERY" -A portal worker -Q scheduler,default,provisioning,telemetry,billing \
+  --pool threads --concurrency 4 --loglevel INFO >var/log/worker.log 2>&1 &
+pids+=($!)
+"$CELERY" -A portal beat --schedule var/celerybeat-schedule --loglevel INFO >var/log/beat.log 2>&1 &
+pids+=($!)
+
+# Wait for the web server before the agents register.
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/${PORT}") 2>/dev/null && break
+  sleep 0.2
+done
+while IFS=$'\t' read -r node gpus; do
+  PORTAL_URL="$AGENT_PORTAL_URL" NODE_TOKEN_FILE="var/agents/${node}.token" AGENT_SIMULATE=1 \
+    AGENT_SIM_GPUS="$gpus" AGENT_HOSTNAME="$node" AGENT_WORKDIR="var/agents/${node}" \
+    "$PY" -m agent >"var/log/agent-${node}.log" 2>&1 &
+  pids+=($!)
+done <var/agents/agents.tsv
+
+cat <<MSG
+
+  GPU Cloud portal   http://127.0.0.1:${PORT}/
+  API docs           http://127.0.0.1:${PORT}/api/docs/
+  Logs               var/log/ (web, worker, beat, one per simulated agent)
+
+  Log in as researcher@gpucloud.example / researcher-demo-pass (or the operator above).
+  Try a demo job: command  python3 -m agent.workload --seconds 60  with a checkpoint dir.
+  Ctrl-C stops everything.
+
+MSG
+wait "${pids[0]}"

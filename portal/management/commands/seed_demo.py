@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand
@@ -9,7 +10,8 @@ from django.db import transaction
 
 from portal.models import Membership, Project, QuotaModelLimit, Role, User
 from portal.services import project_create
-from scheduler.models import Gpu, GpuModel, Pool
+from scheduler.models import Gpu, GpuModel, Node, Pool
+from scheduler.nodes import node_issue_agent_token
 from scheduler.services import catalog_seed, node_register_simulated
 
 DEMO_USERS = {
@@ -36,6 +38,14 @@ DEMO_FLEET = [
 
 class Command(BaseCommand):
     help = "Seed demo data (idempotent): catalog, simulated fleet, demo accounts and projects."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--agent-tokens",
+            metavar="DIR",
+            help="Issue fresh agent tokens for the simulated nodes and write them to DIR "
+            "(one <node>.token file each, mode 0600, plus agents.tsv: node, GPUs).",
+        )
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
@@ -91,7 +101,22 @@ class Command(BaseCommand):
             nlp.quota.save()
             Membership.objects.create(project=nlp, user=researcher, role=Role.MEMBER)
 
+        if options.get("agent_tokens"):
+            self._write_agent_tokens(Path(options["agent_tokens"]))
         self.stdout.write(self.style.SUCCESS(f"Demo data ready ({created} GPU models added)."))
         for key, (email, password, _, staff) in DEMO_USERS.items():
             kind = "operator, staff" if staff else "researcher"
             self.stdout.write(f"  {key:<10} {email:<32} password: {password}  ({kind})")
+
+    def _write_agent_tokens(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for name, model_name, count, _, _ in DEMO_FLEET:
+            node = Node.objects.get(name=name)
+            token = node_issue_agent_token(node=node)
+            path = folder / f"{name}.token"
+            path.touch(mode=0o600)
+            path.chmod(0o600)
+            path.write_text(token)
+            lines.append(f"{name}\t{count}x{model_name}\n")
+        (folder / "agents.tsv").write_text("".join(lines))
