@@ -200,7 +200,10 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
                 cpu_milli_free=max(0, node.cpu_milli - node_cpu[node.pk]),
                 memory_mib_free=max(0, node.memory_mib - node_mem[node.pk]),
                 labels=dict(node.labels),
-                schedulable=node.state == Node.State.READY and not node.fenced,
+                # Ready, not fenced, and its agent has spoken: work placed here will start.
+                schedulable=node.state == Node.State.READY
+                and not node.fenced
+                and node.last_heartbeat_at is not None,
             )
         )
 

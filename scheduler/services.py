@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import transaction
+from django.utils import timezone
 
 from portal.audit import audit_record
 from portal.models import User
@@ -35,15 +36,18 @@ def node_register_simulated(
     memory_mib: int,
     sharing_mode: str = Gpu.SharingMode.EXCLUSIVE,
     oversubscription: int = 1,
+    state: str = Node.State.PROVISIONING,
     actor: User | None = None,
 ) -> Node:
-    """A simulated node with `gpu_count` GPUs of one model, ready for work."""
+    """A simulated node with `gpu_count` GPUs of one model. It stays provisioning until its
+    agent registers, unless created `ready` (with a heartbeat now, as tests do)."""
     node, created = Node.objects.get_or_create(
         name=name,
         defaults={
             "pool": pool,
             "provider": Node.Provider.SIMULATED,
-            "state": Node.State.READY,
+            "state": state,
+            "last_heartbeat_at": timezone.now() if state == Node.State.READY else None,
             "cpu_milli": cpu_milli,
             "memory_mib": memory_mib,
             "labels": {"gpu.model": gpu_model.name},

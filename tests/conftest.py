@@ -74,10 +74,22 @@ def fleet(db):
     l4 = GpuModel.objects.get(name="L4")
     nodes = {
         "h1": node_register_simulated(
-            name="h1", pool=pool, gpu_model=h100, gpu_count=2, cpu_milli=64_000, memory_mib=512_000
+            name="h1",
+            pool=pool,
+            gpu_model=h100,
+            gpu_count=2,
+            cpu_milli=64_000,
+            memory_mib=512_000,
+            state="ready",
         ),
         "h2": node_register_simulated(
-            name="h2", pool=pool, gpu_model=h100, gpu_count=2, cpu_milli=64_000, memory_mib=512_000
+            name="h2",
+            pool=pool,
+            gpu_model=h100,
+            gpu_count=2,
+            cpu_milli=64_000,
+            memory_mib=512_000,
+            state="ready",
         ),
         "l1": node_register_simulated(
             name="l1",
@@ -88,6 +100,7 @@ def fleet(db):
             memory_mib=512_000,
             sharing_mode=Gpu.SharingMode.TIME_SLICE,
             oversubscription=2,
+            state="ready",
         ),
     }
     tokens = {name: node_issue_agent_token(node=node) for name, node in nodes.items()}
@@ -121,3 +134,6 @@ def _fresh_short_lived_cache():
     cache.delete("scheduler:model-availability")
     yield
     cache.delete("scheduler:model-availability")
+
+
+from tests.stack_fixtures import agents  # noqa: E402,F401

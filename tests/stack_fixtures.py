@@ -1,0 +1,81 @@
+"""The running system for end-to-end tests: live server, a real Celery worker, and node agents
+started as real processes (`python -m agent`, simulated GPUs) speaking HTTP to the server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Agents:
+    def __init__(self, url: str, workdir: Path) -> None:
+        self.url = url
+        self.workdir = workdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, token: str, gpus: str) -> subprocess.Popen[bytes]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DATABASE_", "REDIS_", "DJANGO_"))
+        }
+        env.update(
+            PORTAL_URL=self.url,
+            NODE_TOKEN=token,
+            AGENT_SIMULATE="1",
+            AGENT_SIM_GPUS=gpus,
+            AGENT_HOSTNAME=name,
+            AGENT_WORKDIR=str(self.workdir / name),
+            AGENT_HEARTBEAT_INTERVAL="1",
+            AGENT_POLL_INTERVAL="0.3",
+            AGENT_DEFAULT_GRACE="5",
+            PYTHONUNBUFFERED="1",
+        )
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, *, kill: bool = False) -> None:
+        proc = self.procs.pop(name)
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+
+@pytest.fixture
+def agents(live_server) -> Iterator[Agents]:
+    with tempfile.TemporaryDirectory(prefix="agents-") as tmp:
+        pool = Agents(live_server.url, Path(tmp))
+        try:
+            yield pool
+        finally:
+            pool.stop_all()
