@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import shared_task
 from django.conf import settings
+from django.core.cache import cache
 
 from portal.locks import single_flight
 from scheduler.cycle import run_cycle
@@ -20,6 +22,11 @@ def scheduling_cycle() -> dict[str, int] | None:
         if not acquired:
             return None
         result = run_cycle()
+    cache.set(
+        settings.MONITORING_CYCLE_CACHE_KEY,
+        {"seconds": result.seconds, "at": time.time(), "placed": len(result.placed)},
+        timeout=3600,
+    )
     if result.placed or result.preempted:
         log.info(
             "cycle: placed %d, preempted %d, pending %d in %.3fs",

@@ -14,12 +14,14 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-CACHES["default"]["KEY_PREFIX"] = f"test-{os.getpid()}"  # noqa: F405
+# One test run (and the processes it starts) shares a prefix that no other run uses.
+TEST_RUN_ID = os.environ.setdefault("TEST_RUN_ID", str(os.getpid()))
+CACHES["default"]["KEY_PREFIX"] = f"test-{TEST_RUN_ID}"  # noqa: F405
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
 # Broker keys of this test run cannot be taken by another run on the same Redis.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
-    "global_keyprefix": f"test-{os.getpid()}-",
+    "global_keyprefix": f"test-{TEST_RUN_ID}-",
 }
 PROVISIONING_SPAWN_AGENTS = False  # tests start agents themselves

@@ -1,0 +1,161 @@
+"""Jobs per second from API submit to running, on the real stack.
+
+    .venv/bin/python -m bench.submit_throughput [--jobs 400] [--nodes 50] [--clients 8] [--web-workers 3]
+
+Starts gunicorn (the portal, PostgreSQL and Redis), a Celery worker for the scheduling cycle,
+and one in-process simulated agent per node; then K clients submit N one-GPU jobs over HTTP as
+fast as they can. Reported: submit rate, and end-to-end jobs/s from the first submit until the
+last job is running (the agent has started its process). Target: >= 100 jobs/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from bench import REPO, command_line, markdown_table, write_section
+from bench.django_env import setup, teardown
+
+
+def seed(n_nodes: int, web_url: str) -> tuple[str, dict[str, str]]:
+    from portal.models import Quota, User
+    from portal.services import project_create, token_create
+    from scheduler.models import GpuModel, Pool
+    from scheduler.nodes import node_issue_agent_token
+    from scheduler.services import catalog_seed, node_register_simulated
+
+    catalog_seed()
+    pool = Pool.objects.create(name="default")
+    user = User.objects.create_user("bench@example.org", "x")
+    project = project_create(owner=user, slug="bench", name="Bench")
+    Quota.objects.filter(project=project).update(max_gpus=None, max_gpus_per_job=8)
+    model = GpuModel.objects.get(name="H100-80GB-SXM")
+    tokens = {}
+    for i in range(n_nodes):
+        node = node_register_simulated(name=f"b{i:03d}", pool=pool, gpu_model=model, gpu_count=8,
+                                       cpu_milli=128_000, memory_mib=1_000_000)
+        tokens[node.name] = node_issue_agent_token(node=node)
+    return token_create(user=user, name="bench").secret, tokens
+
+
+def wait_port(url: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            requests.get(url + "/login/", timeout=1)
+            return
+        except requests.RequestException:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=400)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--web-workers", type=int, default=3)
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    db_url = setup("submit")
+    url = f"http://127.0.0.1:{args.port}"
+    secret, tokens = seed(args.nodes, url)
+    teardown()
+    env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"],
+           "SCHEDULER_CYCLE_SECONDS": "1", "NODE_HEARTBEAT_SECONDS": "5", "AGENT_POLL_SECONDS": "0.5"}
+    procs = [
+        subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "gunicorn", "portal.wsgi", "-b", f"127.0.0.1:{args.port}",
+             "-w", str(args.web_workers), "--threads", "4", "--log-level", "warning"],
+            cwd=REPO, env={**env, "DJANGO_SETTINGS_MODULE": env["DJANGO_SETTINGS_MODULE"]},
+            start_new_session=True,
+        ),
+        subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "scheduler,default",
+             "--pool", "threads", "-c", "2", "--loglevel", "WARNING"],
+            cwd=REPO, env=env, start_new_session=True,
+        ),
+        subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING",
+             "--schedule", str(Path(tempfile.gettempdir()) / "bench-beat-schedule")],
+            cwd=REPO, env=env, start_new_session=True,
+        ),
+    ]
+    stop = threading.Event()
+    try:
+        wait_port(url)
+        from agent.config import Config
+        from agent.main import Agent
+
+        workroot = Path(tempfile.mkdtemp(prefix="bench-agents-"))
+        threads = []
+        for name, token in tokens.items():
+            config = Config(portal_url=url, token=token, workdir=workroot / name, simulate=True,
+                            sim_gpus="8xH100-80GB-SXM", hostname=name, poll_interval_s=0.5,
+                            heartbeat_interval_s=5)
+            t = threading.Thread(target=Agent(config).run, args=(stop,), daemon=True)
+            t.start()
+            threads.append(t)
+        time.sleep(3)
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {secret}"
+        latencies: list[float] = []
+
+        def submit(i: int) -> None:
+            t = time.perf_counter()
+            r = session.post(f"{url}/api/v1/jobs", json={
+                "project": "bench", "name": f"j{i}", "command": "sleep 3600",
+                "gpu_model": "H100-80GB-SXM"}, timeout=30)
+            r.raise_for_status()
+            latencies.append(time.perf_counter() - t)
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(submit, range(args.jobs)))
+        submitted = time.perf_counter() - t0
+        running = 0
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            r = session.get(f"{url}/api/v1/jobs?state=running&limit=1", timeout=30).json()
+            running = r["count"]
+            if running >= args.jobs:
+                break
+            time.sleep(0.2)
+        total = time.perf_counter() - t0
+    finally:
+        stop.set()
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=30)
+    rows = [[
+        f"{args.jobs}", f"{args.nodes} × 8", f"{args.clients}", f"{args.jobs / submitted:.0f}",
+        f"{statistics.median(latencies) * 1000:.0f}", f"{sorted(latencies)[int(len(latencies) * 0.95)] * 1000:.0f}",
+        f"{running}", f"{total:.1f}", f"{running / total:.0f}", ">= 100", "met" if running / total >= 100 else "missed",
+    ]]
+    table = markdown_table(
+        ["jobs", "GPUs", "clients", "submits/s", "submit p50 ms", "submit p95 ms", "running",
+         "seconds to all running", "jobs/s end to end", "target", ""], rows)
+    print(table)
+    write_section(
+        "submit_throughput",
+        "## Jobs from API submit to running\n\n"
+        f"`{command_line('bench.submit_throughput')}` — gunicorn ({args.web_workers} workers × 4 "
+        "threads), one Celery worker, beat every second, PostgreSQL and Redis on this 2-core "
+        "machine; simulated agents in one process poll every 0.5 s and report each start.\n\n" + table,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+/* Live GPU charts: uPlot instances created once, fed by htmx polling (hx-swap="none").
+ *
+ * An element with [data-gpu-charts] polls a JSON endpoint; each answer is
+ *   {range, charts: [{key, title, unit, x: [epoch s], series: [label], values: [[v|null]]}]}
+ * The first answer creates one uPlot per chart; later answers only call setData, so the
+ * canvas is never rebuilt (it is rebuilt only if the set of series changes, e.g. a new GPU).
+ * [data-cluster] elements get the cluster overview: charts plus the heatmap and tables.
+ */
+(function () {
+  "use strict";
+
+  var PALETTE = ["#3b5bdb", "#2b8a3e", "#e67700", "#c92a2a", "#7048e8", "#0c8599",
+                 "#d6336c", "#5c940d", "#1971c2", "#e8590c", "#862e9c", "#087f5b"];
+  var state = new WeakMap(); // container element -> {key -> {plot, sig}}
+
+  function color(i) { return PALETTE[i % PALETTE.length]; }
+
+  function fmt(unit) {
+    return function (u, v) { return v == null ? "–" : (Math.round(v * 10) / 10) + " " + unit; };
+  }
+
+  function width(el) {
+    var grid = el.classList.contains("mon-chart-grid");
+    var w = el.clientWidth || 600;
+    return Math.max(260, Math.floor(grid && w > 700 ? w / 2 - 24 : w - 16));
+  }
+
+  function makePlot(el, chart, holder) {
+    var series = [{}];
+    chart.series.forEach(function (label, i) {
+      series.push({ label: label, stroke: color(i), width: 1.5, spanGaps: true, value: fmt(chart.unit) });
+    });
+    var opts = {
+      title: chart.title + " (" + chart.unit + ")",
+      width: width(el),
+      height: 200,
+      series: series,
+      scales: { x: { time: true }, y: chart.unit === "%" ? { range: [0, 100] } : {} },
+      axes: [{}, { size: 60 }],
+      legend: { live: true },
+    };
+    return new uPlot(opts, [chart.x].concat(chart.values), holder);
+  }
+
+  function renderCharts(el, charts) {
+    var plots = state.get(el);
+    if (!plots) { plots = {}; state.set(el, plots); }
+    charts.forEach(function (chart) {
+      var sig = chart.series.join("\u0001");
+      var entry = plots[chart.key];
+      if (entry && entry.sig === sig) {
+        entry.plot.setData([chart.x].concat(chart.values)); // same canvas, new data
+        return;
+      }
+      var holder = entry ? entry.holder : document.createElement("div");
+      if (entry) { entry.plot.destroy(); } else {
+        holder.className = "mon-chart";
+        holder.setAttribute("data-chart-key", chart.key);
+        el.appendChild(holder);
+      }
+      plots[chart.key] = { plot: makePlot(el, chart, holder), sig: sig, holder: holder };
+    });
+    var empty = charts.every(function (c) { return c.x.length === 0; });
+    var status = el.parentElement && el.parentElement.querySelector("[data-chart-status]");
+    if (status) { status.textContent = empty ? "No telemetry in this range yet." : ""; }
+  }
+
+  // ---- cluster overview: heatmap on one canvas, repainted in place
+  function heatColor(util, held, health) {
+    if (health === "unhealthy") { return "#c92a2a"; }
+    if (util == null) { return "#ced4da"; }
+    var t = Math.max(0, Math.min(1, util / 100));
+    var l = Math.round(92 - t * 52);
+    return held ? "hsl(228, 70%, " + l + "%)" : "hsl(145, 45%, " + l + "%)";
+  }
+
+  function drawHeatmap(canvas, nodes) {
+    var cell = 12, gap = 2, perRow = 0;
+    nodes.forEach(function (n) { perRow = Math.max(perRow, n.gpus.length); });
+    var nodeW = perRow * (cell + gap) + 6;
+    var cols = Math.max(1, Math.floor((canvas.parentElement.clientWidth || 800) / nodeW));
+    var rows = Math.ceil(nodes.length / cols);
+    var w = cols * nodeW, h = Math.max(cell, rows * (cell + 6));
+    if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
+    var ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, w, h);
+    var hits = [];
+    nodes.forEach(function (n, i) {
+      var x0 = (i % cols) * nodeW, y0 = Math.floor(i / cols) * (cell + 6);
+      n.gpus.forEach(function (g, j) {
+        var x = x0 + j * (cell + gap);
+        ctx.fillStyle = heatColor(g[3], g[4] > 0, g[6]);
+        ctx.fillRect(x, y0, cell, cell);
+        if (g[4] > 0) { ctx.strokeStyle = "#111827"; ctx.strokeRect(x + 0.5, y0 + 0.5, cell - 1, cell - 1); }
+        hits.push([x, y0, n.name + "/gpu" + g[1] + " · " + g[2] + " · " +
+          (g[3] == null ? "no telemetry" : Math.round(g[3]) + "% util") + " · " +
+          (g[4] > 0 ? "held " + g[4] + "m of " + g[5] + "m" : "idle") + " · node " + n.state]);
+      });
+    });
+    canvas._hits = hits;
+    canvas._cell = cell;
+  }
+
+  function heatmapTooltip(canvas) {
+    if (canvas._tooltip) { return; }
+    canvas._tooltip = true;
+    canvas.addEventListener("mousemove", function (e) {
+      var r = canvas.getBoundingClientRect(), x = e.clientX - r.left, y = e.clientY - r.top;
+      var found = (canvas._hits || []).find(function (h) {
+        return x >= h[0] && x < h[0] + canvas._cell && y >= h[1] && y < h[1] + canvas._cell;
+      });
+      canvas.title = found ? found[2] : "";
+    });
+  }
+
+  function fillTable(tbody, rows, cells) {
+    while (tbody.firstChild) { tbody.removeChild(tbody.firstChild); }
+    rows.forEach(function (row) {
+      var tr = document.createElement("tr");
+      cells(row).forEach(function (v, i) {
+        var td = document.createElement("td");
+        td.textContent = v;
+        if (i > 0) { td.className = "num"; }
+        tr.appendChild(td);
+      });
+      tbody.appendChild(tr);
+    });
+  }
+
+  function renderCluster(root, data) {
+    var charts = root.querySelector("[data-gpu-charts-target]");
+    if (charts) { renderCharts(charts, data.charts); }
+    var canvas = root.querySelector("canvas[data-gpu-heatmap]");
+    if (canvas) { drawHeatmap(canvas, data.heatmap); heatmapTooltip(canvas); }
+    var models = root.querySelector("[data-models] tbody");
+    if (models) {
+      fillTable(models, data.models, function (m) {
+        return [m.model, m.total, m.free, m.allocated_pct + " %", m.largest_gang +
+          (m.largest_gang ? " (" + m.gang_shape[0] + " × " + m.gang_shape[1] + ")" : ""),
+          m.largest_node_block, m.queued_jobs, m.queued_gpus];
+      });
+    }
+    var frag = root.querySelector("[data-frag]");
+    if (frag) { frag.textContent = data.fragmentation ? data.fragmentation.ratio + " %" : "–"; }
+    var anyq = root.querySelector("[data-queue-any]");
+    if (anyq) { anyq.textContent = data.queue_any.jobs + " job(s), " + data.queue_any.gpus + " GPU(s)"; }
+    var stamp = root.querySelector("[data-updated]");
+    if (stamp) { stamp.textContent = new Date(data.generated_at * 1000).toLocaleTimeString(); }
+  }
+
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var el = e.detail.elt;
+    if (!el || !el.matches("[data-gpu-charts], [data-cluster]")) { return; }
+    var status = el.parentElement && el.parentElement.querySelector("[data-chart-status]");
+    if (!e.detail.successful) {
+      if (status) {
+        var msg = "Could not load telemetry";
+        try { msg = JSON.parse(e.detail.xhr.responseText).detail || msg; } catch (err) { /* keep */ }
+        status.textContent = msg;
+      }
+      return;
+    }
+    var data;
+    try { data = JSON.parse(e.detail.xhr.responseText); } catch (err) { return; }
+    if (el.matches("[data-cluster]")) { renderCluster(el, data); } else { renderCharts(el, data.charts); }
+  });
+
+  document.addEventListener("change", function (e) {
+    var select = e.target;
+    if (!select.matches || !select.matches("[data-chart-range]")) { return; }
+    var target = document.getElementById(select.getAttribute("data-chart-range"));
+    if (target && window.htmx) { window.htmx.trigger(target, "chart-refresh"); }
+  });
+
+  window.addEventListener("resize", function () {
+    document.querySelectorAll("[data-gpu-charts], [data-gpu-charts-target]").forEach(function (el) {
+      var plots = state.get(el);
+      if (!plots) { return; }
+      Object.keys(plots).forEach(function (k) { plots[k].plot.setSize({ width: width(el), height: 200 }); });
+    });
+  });
+})();
