@@ -43,8 +43,14 @@ def seed(n_nodes: int, web_url: str) -> tuple[str, dict[str, str]]:
     model = GpuModel.objects.get(name="H100-80GB-SXM")
     tokens = {}
     for i in range(n_nodes):
-        node = node_register_simulated(name=f"b{i:03d}", pool=pool, gpu_model=model, gpu_count=8,
-                                       cpu_milli=128_000, memory_mib=1_000_000)
+        node = node_register_simulated(
+            name=f"b{i:03d}",
+            pool=pool,
+            gpu_model=model,
+            gpu_count=8,
+            cpu_milli=128_000,
+            memory_mib=1_000_000,
+        )
         tokens[node.name] = node_issue_agent_token(node=node)
     return token_create(user=user, name="bench").secret, tokens
 
@@ -72,24 +78,71 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     secret, tokens = seed(args.nodes, url)
     teardown()
-    env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"],
-           "SCHEDULER_CYCLE_SECONDS": "1", "NODE_HEARTBEAT_SECONDS": "5", "AGENT_POLL_SECONDS": "0.5"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"],
+        "SCHEDULER_CYCLE_SECONDS": "1",
+        "NODE_HEARTBEAT_SECONDS": "5",
+        "AGENT_POLL_SECONDS": "0.5",
+    }
     procs = [
-        subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "gunicorn", "portal.wsgi", "-b", f"127.0.0.1:{args.port}",
-             "-w", str(args.web_workers), "--threads", "4", "--log-level", "warning"],
-            cwd=REPO, env={**env, "DJANGO_SETTINGS_MODULE": env["DJANGO_SETTINGS_MODULE"]},
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "portal.wsgi",
+                "-b",
+                f"127.0.0.1:{args.port}",
+                "-w",
+                str(args.web_workers),
+                "--threads",
+                "4",
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            env={**env, "DJANGO_SETTINGS_MODULE": env["DJANGO_SETTINGS_MODULE"]},
             start_new_session=True,
         ),
-        subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "scheduler,default",
-             "--pool", "threads", "-c", "2", "--loglevel", "WARNING"],
-            cwd=REPO, env=env, start_new_session=True,
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "portal",
+                "worker",
+                "-Q",
+                "scheduler,default",
+                "--pool",
+                "threads",
+                "-c",
+                "2",
+                "--loglevel",
+                "WARNING",
+            ],
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
         ),
-        subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING",
-             "--schedule", str(Path(tempfile.gettempdir()) / "bench-beat-schedule")],
-            cwd=REPO, env=env, start_new_session=True,
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "portal",
+                "beat",
+                "--loglevel",
+                "WARNING",
+                "--schedule",
+                str(Path(tempfile.gettempdir()) / "bench-beat-schedule"),
+            ],
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
         ),
     ]
     stop = threading.Event()
@@ -101,9 +154,16 @@ def main() -> None:
         workroot = Path(tempfile.mkdtemp(prefix="bench-agents-"))
         threads = []
         for name, token in tokens.items():
-            config = Config(portal_url=url, token=token, workdir=workroot / name, simulate=True,
-                            sim_gpus="8xH100-80GB-SXM", hostname=name, poll_interval_s=0.5,
-                            heartbeat_interval_s=5)
+            config = Config(
+                portal_url=url,
+                token=token,
+                workdir=workroot / name,
+                simulate=True,
+                sim_gpus="8xH100-80GB-SXM",
+                hostname=name,
+                poll_interval_s=0.5,
+                heartbeat_interval_s=5,
+            )
             t = threading.Thread(target=Agent(config).run, args=(stop,), daemon=True)
             t.start()
             threads.append(t)
@@ -114,9 +174,16 @@ def main() -> None:
 
         def submit(i: int) -> None:
             t = time.perf_counter()
-            r = session.post(f"{url}/api/v1/jobs", json={
-                "project": "bench", "name": f"j{i}", "command": "sleep 3600",
-                "gpu_model": "H100-80GB-SXM"}, timeout=30)
+            r = session.post(
+                f"{url}/api/v1/jobs",
+                json={
+                    "project": "bench",
+                    "name": f"j{i}",
+                    "command": "sleep 3600",
+                    "gpu_model": "H100-80GB-SXM",
+                },
+                timeout=30,
+            )
             r.raise_for_status()
             latencies.append(time.perf_counter() - t)
 
@@ -139,21 +206,45 @@ def main() -> None:
             os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             p.wait(timeout=30)
-    rows = [[
-        f"{args.jobs}", f"{args.nodes} × 8", f"{args.clients}", f"{args.jobs / submitted:.0f}",
-        f"{statistics.median(latencies) * 1000:.0f}", f"{sorted(latencies)[int(len(latencies) * 0.95)] * 1000:.0f}",
-        f"{running}", f"{total:.1f}", f"{running / total:.0f}", ">= 100", "met" if running / total >= 100 else "missed",
-    ]]
+    rows = [
+        [
+            f"{args.jobs}",
+            f"{args.nodes} × 8",
+            f"{args.clients}",
+            f"{args.jobs / submitted:.0f}",
+            f"{statistics.median(latencies) * 1000:.0f}",
+            f"{sorted(latencies)[int(len(latencies) * 0.95)] * 1000:.0f}",
+            f"{running}",
+            f"{total:.1f}",
+            f"{running / total:.0f}",
+            ">= 100",
+            "met" if running / total >= 100 else "missed",
+        ]
+    ]
     table = markdown_table(
-        ["jobs", "GPUs", "clients", "submits/s", "submit p50 ms", "submit p95 ms", "running",
-         "seconds to all running", "jobs/s end to end", "target", ""], rows)
+        [
+            "jobs",
+            "GPUs",
+            "clients",
+            "submits/s",
+            "submit p50 ms",
+            "submit p95 ms",
+            "running",
+            "seconds to all running",
+            "jobs/s end to end",
+            "target",
+            "",
+        ],
+        rows,
+    )
     print(table)
     write_section(
         "submit_throughput",
         "## Jobs from API submit to running\n\n"
         f"`{command_line('bench.submit_throughput')}` — gunicorn ({args.web_workers} workers × 4 "
         "threads), one Celery worker, beat every second, PostgreSQL and Redis on this 2-core "
-        "machine; simulated agents in one process poll every 0.5 s and report each start.\n\n" + table,
+        "machine; simulated agents in one process poll every 0.5 s and report each start.\n\n"
+        + table,
     )
 
 
