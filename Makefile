@@ -33,7 +33,7 @@ lint: venv ## ruff (lint and format check)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: venv ## mypy on the typed packages (strict for scheduler.core)
-	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy portal scheduler billing
+	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy portal scheduler billing monitoring agent
 
 migrations-check: venv ## Fail if a model change has no migration
 	DJANGO_SECRET_KEY=check DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run

@@ -19,11 +19,14 @@ def bulk_update_fast(
     if not objs:
         return 0
     if connection.vendor != "postgresql":
-        return model.objects.bulk_update(objs, fields, batch_size=500)
+        updated: int = model._default_manager.bulk_update(objs, fields, batch_size=500)
+        return updated
     meta = model._meta
-    cols = [meta.get_field(f) for f in fields]
+    cols = [f for f in (meta.get_field(name) for name in fields) if isinstance(f, models.Field)]
+    if len(cols) != len(fields):
+        raise ValueError("bulk_update_fast updates concrete fields only")
     pk = meta.pk
-    assert pk is not None
+    assert pk is not None and pk.column is not None
     table = connection.ops.quote_name(meta.db_table)
     total = 0
     for start in range(0, len(objs), 2000):
@@ -38,7 +41,7 @@ def bulk_update_fast(
         casts = [pk.db_type(connection)] + [c.db_type(connection) for c in cols]
         names = ["id_", *[f"c{i}" for i in range(len(cols))]]
         assignments = ", ".join(
-            f"{connection.ops.quote_name(c.column)} = v.c{i}::{casts[i + 1]}"
+            f"{connection.ops.quote_name(str(c.column))} = v.c{i}::{casts[i + 1]}"
             for i, c in enumerate(cols)
         )
         # Identifiers come from the model's metadata and values are parameters.

@@ -83,7 +83,7 @@ class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
     model = JobEvent
     extra = 0
     can_delete = False
-    readonly_fields = ["created_at", "from_state", "to_state", "actor_label", "reason"]
+    readonly_fields = ("created_at", "from_state", "to_state", "actor_label", "reason")
     fields = readonly_fields
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:

@@ -231,7 +231,7 @@ def admission_verdict(*, project: Project, quota: Quota, spec: JobSpec, now: dat
                 )
             borrowed = True
     for check in hooks.admission_checks():
-        verdict = check(project=project, spec=spec, now=now)
+        verdict: Verdict | None = check(project=project, spec=spec, now=now)
         if verdict is not None and not verdict.admit:
             return verdict
         if verdict is not None:

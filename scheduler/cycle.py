@@ -82,7 +82,7 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
         gpu_memory_mib=job.gpu_memory_mib,
         nodes=job.nodes,
         gpus_per_node=job.gpus_per_node,
-        models=frozenset({job.gpu_model.name}) if job.gpu_model_id else frozenset(),
+        models=frozenset({job.gpu_model.name}) if job.gpu_model is not None else frozenset(),
         min_gpu_memory_mib=job.min_gpu_memory_gb * 1000 * 1000 * 1000 // (1024 * 1024),
         precisions=frozenset(job.precisions),
         cpu_milli=job.cpu_milli,
@@ -92,7 +92,7 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
         runtime_estimate_s=job.runtime_estimate_s,
         elastic_min=job.elastic_min,
         elastic_max=job.elastic_max,
-        pool=job.pool.name if job.pool_id else None,
+        pool=job.pool.name if job.pool is not None else None,
         preempted_by=preempted_by,
     )
 

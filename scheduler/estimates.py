@@ -171,15 +171,14 @@ def model_availability() -> list[ModelAvailability]:
                     free[gpu.model] += 1
     queued: dict[str, int] = defaultdict(int)
     for request in state.queue:
-        for model in request.models or {"(any)"}:
-            queued[model] += request.total_gpus
+        for name in request.models or {"(any)"}:
+            queued[name] += request.total_gpus
     config = policy_config()
-    models = list(GpuModel.objects.filter(is_active=True))
     out = []
-    for model in models:
+    for gpu_model in GpuModel.objects.filter(is_active=True):
         wait = "none in the fleet"
-        if total[model.name]:
-            probe = JobSpec(name="probe", command="true", gpu_model=model)
+        if total[gpu_model.name]:
+            probe = JobSpec(name="probe", command="true", gpu_model=gpu_model)
             job = _hypothetical_job(probe, Project(slug="__probe__", name="probe"), now)
             decided = plan(state.snapshot, [*state.queue, job_request(job)], config, ts(now))
             if any(p.job_id == DRY_RUN_ID for p in decided.placements):
@@ -190,10 +189,10 @@ def model_availability() -> list[ModelAvailability]:
                 wait = "unknown (no runtime estimates ahead)"
         out.append(
             ModelAvailability(
-                model=model,
-                total_gpus=total[model.name],
-                free_gpus=free[model.name],
-                queued_gpus=queued[model.name],
+                model=gpu_model,
+                total_gpus=total[gpu_model.name],
+                free_gpus=free[gpu_model.name],
+                queued_gpus=queued[gpu_model.name],
                 estimated_wait=wait,
             )
         )

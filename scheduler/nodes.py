@@ -108,8 +108,8 @@ def node_register(*, node: Node, inventory: dict[str, Any]) -> Node:
         )
         row.health = Gpu.Health.HEALTHY
     for gpu in gpus:
-        row = slots.get(gpu["index"])
-        if row is None:
+        slot = slots.get(gpu["index"])
+        if slot is None:
             Gpu.objects.create(
                 node=node,
                 index=gpu["index"],
@@ -121,8 +121,8 @@ def node_register(*, node: Node, inventory: dict[str, Any]) -> Node:
                 else Gpu.SharingMode.EXCLUSIVE,
             )
             continue
-        row.uuid, row.model, row.memory_mib = gpu["uuid"], models[gpu["uuid"]], gpu["memory_mib"]
-        row.save(update_fields=["uuid", "model", "memory_mib", "health"])
+        slot.uuid, slot.model, slot.memory_mib = gpu["uuid"], models[gpu["uuid"]], gpu["memory_mib"]
+        slot.save(update_fields=["uuid", "model", "memory_mib", "health"])
     for index, row in slots.items():  # a device that vanished: unhealthy, not deleted
         if index not in indexes and row.health != Gpu.Health.UNHEALTHY:
             row.health = Gpu.Health.UNHEALTHY
@@ -226,10 +226,11 @@ def _apply_health(node: Node, gpu: Gpu, assessment: health.Assessment) -> None:
     gpu.health = new
     gpu.save(update_fields=["health"])
     reasons = "; ".join(assessment.reasons) or "back to normal"
-    severity = {
+    severities: dict[str, str] = {
         Gpu.Health.UNHEALTHY: NodeEvent.Severity.CRITICAL,
         Gpu.Health.DEGRADED: NodeEvent.Severity.WARNING,
-    }.get(new, NodeEvent.Severity.INFO)
+    }
+    severity = severities.get(new, NodeEvent.Severity.INFO)
     NodeEvent.objects.create(
         node=node,
         gpu=gpu,

@@ -108,7 +108,7 @@ def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
 
 def _actions_for(node: Node) -> list[tuple[str, str, str]]:
     """(action, label, confirmation) the node's state allows."""
-    options = {
+    options: dict[str, list[tuple[str, str, str]]] = {
         Node.State.READY: [
             ("cordon", "Cordon", "No new work will be placed on it."),
             ("drain", "Drain", "Running jobs are preempted and requeued elsewhere."),

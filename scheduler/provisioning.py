@@ -40,7 +40,7 @@ from scheduler.nodes import node_issue_agent_token
 
 
 class Provider(Protocol):
-    name: str
+    name: ClassVar[str]
 
     def create(
         self, *, pool: Pool, gpu_model: GpuModel, gpus: int, autoscaler: Autoscaler | None
@@ -161,8 +161,8 @@ class LocalProvider(AgentProcessProvider):
 
 
 PROVIDERS: dict[str, Provider] = {
-    Node.Provider.SIMULATED: SimulatedProvider(),
-    Node.Provider.LOCAL: LocalProvider(),
+    Node.Provider.SIMULATED.value: SimulatedProvider(),
+    Node.Provider.LOCAL.value: LocalProvider(),
 }
 
 

@@ -36,7 +36,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 # Leaving a state that holds GPUs for one that does not ends the job's allocations.
 HOLDS_GPUS = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTING})
-END_REASON_FOR = {
+END_REASON_FOR: dict[str, str] = {
     S.SUCCEEDED: Allocation.EndReason.COMPLETED,
     S.FAILED: Allocation.EndReason.FAILED,
     S.CANCELLED: Allocation.EndReason.CANCELLED,

@@ -54,7 +54,8 @@ class AgentView(APIView):
 
     @property
     def node(self) -> Node:
-        return self.request.user.node  # type: ignore[union-attr]
+        node: Node = self.request.user.node  # type: ignore[union-attr]
+        return node
 
 
 class GpuInventorySerializer(StrictSerializer):
@@ -114,8 +115,8 @@ class RunningSerializer(StrictSerializer):
 
 
 class HeartbeatSerializer(StrictSerializer):
-    telemetry = TelemetrySerializer(many=True, max_length=64)
-    running = RunningSerializer(many=True, max_length=1000)
+    telemetry = TelemetrySerializer(many=True, max_length=64)  # type: ignore[call-arg]
+    running = RunningSerializer(many=True, max_length=1000)  # type: ignore[call-arg]
 
 
 class StartedSerializer(StrictSerializer):

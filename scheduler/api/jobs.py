@@ -25,14 +25,14 @@ PRIORITIES = [p.lower() for p in PriorityClass.names]
 
 
 class JobCreateSerializer(StrictSerializer):
-    project = serializers.SlugField(max_length=50)
+    project: serializers.SlugField = serializers.SlugField(max_length=50)
     name = serializers.CharField(max_length=100)
     command = serializers.CharField(max_length=10_000)
     image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
     gpus = serializers.IntegerField(min_value=1, max_value=4096, default=1)
     gpu_milli = serializers.IntegerField(min_value=1, max_value=1000, default=1000)
     gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=4 * 1024 * 1024, default=0)
-    gpu_model = serializers.SlugRelatedField(
+    gpu_model: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
         slug_field="name",
         queryset=GpuModel.objects.filter(is_active=True),
         required=False,
@@ -80,8 +80,12 @@ class JobCreateSerializer(StrictSerializer):
 
 
 class JobSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
-    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    gpu_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    project: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
+        slug_field="slug", read_only=True
+    )
+    gpu_model: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
+        slug_field="name", read_only=True
+    )
     submitted_by = serializers.EmailField(source="submitted_by.email", read_only=True)
     priority = serializers.SerializerMethodField()
     pending = serializers.SerializerMethodField()
@@ -179,7 +183,7 @@ class DryRunSerializer(serializers.Serializer):  # type: ignore[type-arg]
 class YamlParser(parsers.BaseParser):
     media_type = "application/yaml"
 
-    def parse(
+    def parse(  # type: ignore[override]  # the raw manifest, parsed by the view
         self, stream: Any, media_type: str | None = None, parser_context: Any = None
     ) -> bytes:
         data: bytes = stream.read(256 * 1024 + 1)
