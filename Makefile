@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PORT   ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run test lint typecheck migrations-check ci bench e2e clean
+.PHONY: help venv run test lint typecheck migrations-check deploy-check ci bench e2e clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -38,7 +38,7 @@ typecheck: venv ## mypy on the typed packages (strict for scheduler.core)
 migrations-check: venv ## Fail if a model change has no migration
 	DJANGO_SECRET_KEY=check DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
 
-ci: lint migrations-check typecheck test ## Everything CI runs
+ci: lint migrations-check typecheck deploy-check test ## Everything CI runs
 
 bench: venv ## Run the benchmarks (see docs/benchmarks.md)
 	$(PY) -m bench.packing
@@ -47,3 +47,9 @@ bench: venv ## Run the benchmarks (see docs/benchmarks.md)
 
 clean: ## Remove local state (database, broker files); keeps the virtualenv
 	rm -rf var db.sqlite3
+
+deploy-check: venv ## Django's deployment checks with production settings
+	DJANGO_SETTINGS_MODULE=portal.settings.production \
+	DJANGO_SECRET_KEY="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')" \
+	DATABASE_URL=postgres://portal@db.invalid/portal DJANGO_ALLOWED_HOSTS=portal.example.org \
+	$(PY) manage.py check --deploy --fail-level WARNING

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import models
 
 from portal.models import AuditEvent, Project, User
+
+# The client address of the request being served, so every audit event says "from where".
+request_remote_addr: ContextVar[str | None] = ContextVar("request_remote_addr", default=None)
 
 
 def audit_record(
@@ -26,5 +30,5 @@ def audit_record(
         target_type=target._meta.label_lower if target is not None else "",
         target_id=str(target.pk) if target is not None else "",
         data=data or {},
-        remote_addr=remote_addr,
+        remote_addr=remote_addr or request_remote_addr.get(),
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from portal.audit import request_remote_addr
 from portal.errors import DomainError
 
 SESSION_KEY = "current_project"
@@ -41,3 +42,57 @@ class DomainErrorMiddleware:
             {"status": exception.status, "message": exception.message},
             status=exception.status,
         )
+
+
+class RequestContextMiddleware:
+    """Remembers the client address for audit events written while serving this request."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        token = request_remote_addr.set(client_ip(request))
+        try:
+            return self.get_response(request)
+        finally:
+            request_remote_addr.reset(token)
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """REMOTE_ADDR; behind a proxy the deployment sets it from X-Forwarded-For (gunicorn)."""
+    addr = request.META.get("REMOTE_ADDR") or None
+    return addr
+
+
+CSP = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self' 'unsafe-inline'",  # htmx attributes and confirm() handlers
+        "style-src 'self' 'unsafe-inline'",  # usage bars set their width inline
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "font-src 'self'",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+
+
+class SecurityHeadersMiddleware:
+    """Headers Django 5.2 does not set itself: a content security policy and a permissions
+    policy. (HSTS, nosniff, referrer policy and frame options come from Django's settings.)"""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if not request.path.startswith("/api/docs"):  # Swagger UI needs inline scripts it builds
+            response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault(
+            "Permissions-Policy", "camera=(), microphone=(), geolocation=(), payment=()"
+        )
+        response.headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
+        return response

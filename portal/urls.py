@@ -1,5 +1,6 @@
 """URL root: pages, the admin, the API and its schema and docs."""
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -8,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from monitoring.views import metrics_view
 from portal import views
 from portal.forms import EmailLoginForm
+from portal.ratelimit import ratelimited
 from scheduler import ops_views
 from scheduler import views as scheduler_views
 
@@ -51,7 +53,7 @@ urlpatterns = [
     path("ops/nodes/<int:node_id>/", ops_views.node_detail, name="ops-node-detail"),
     path("ops/nodes/<int:node_id>/<slug:action>/", ops_views.node_action, name="ops-node-action"),
     path("ops/pools/", ops_views.pool_list, name="ops-pools"),
-    path("metrics", metrics_view, name="metrics"),
+    path("metrics", ratelimited("metrics", settings.METRICS_RATE)(metrics_view), name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),
     path("api/v1/", include("scheduler.api.urls")),

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
-from rest_framework import authentication, exceptions, permissions, serializers, status
+from rest_framework import (
+    authentication,
+    exceptions,
+    permissions,
+    serializers,
+    status,
+    throttling,
+)
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -43,14 +51,35 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         return "Bearer"
 
 
+class NodeTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "scheduler.agent_api.views.NodeTokenAuthentication"
+    name = "nodeToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "A node's agent token."}
+
+
 class IsAgent(permissions.BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
         return isinstance(request.user, AgentPrincipal)
 
 
+class AgentThrottle(throttling.SimpleRateThrottle):
+    """Per node: a runaway agent cannot flood the portal."""
+
+    scope = "agent"
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        user = request.user
+        if not isinstance(user, AgentPrincipal):
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": user.node.pk}
+
+
 class AgentView(APIView):
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsAgent]
+    throttle_classes = [AgentThrottle]
 
     @property
     def node(self) -> Node:

@@ -6,11 +6,17 @@ from typing import Any
 
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import mixins, parsers, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 
 from portal.api.serializers import StrictSerializer
 from portal.models import PriorityClass, Project, User
@@ -148,6 +154,15 @@ class JobSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
         }
 
 
+class PlacementSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    node = serializers.CharField()
+    gpu_index = serializers.IntegerField()
+    gpu_uuid = serializers.CharField()
+    gpu_model = serializers.CharField()
+    share_milli = serializers.IntegerField()
+    since = serializers.DateTimeField()
+
+
 class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(read_only=True)
     placement = serializers.SerializerMethodField()
@@ -155,6 +170,7 @@ class JobDetailSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = [*JobSerializer.Meta.fields, "env", "working_dir", "placement"]
 
+    @extend_schema_field(PlacementSerializer(many=True))
     def get_placement(self, obj: Job) -> list[dict[str, object]]:
         return selectors.job_placement(obj)
 
@@ -212,6 +228,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def get_serializer_class(self) -> type:
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    def get_throttles(self) -> list[Any]:
+        """Submitting and dry runs are expensive: each has its own rate limit."""
+        scope = {"create": "submit", "manifest": "submit", "dry_run": "dry_run"}.get(
+            self.action or ""
+        )
+        if scope is None:
+            return list(super().get_throttles())
+        self.throttle_scope = scope
+        return [*super().get_throttles(), ScopedRateThrottle()]
 
     @property
     def _user(self) -> User:
