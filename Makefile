@@ -44,6 +44,10 @@ bench: venv ## Run the benchmarks (see docs/benchmarks.md)
 	$(PY) -m bench.packing
 	$(PY) -m bench.speed
 	$(PY) -m bench.queueing
+	$(PY) -m bench.cycle_scale
+	$(PY) -m bench.submit_throughput
+	$(PY) -m bench.billing_close
+	$(PY) bench/telemetry_ingest.py --write-docs
 
 clean: ## Remove local state (database, broker files); keeps the virtualenv
 	rm -rf var db.sqlite3

@@ -1,3 +1,22 @@
 """Billing API (mounted at /api/v1/billing/)."""
 
-urlpatterns: list[object] = []
+from django.urls import path
+
+from billing.api import views
+
+urlpatterns = [
+    path("prices", views.PriceListView.as_view(), name="api-billing-prices"),
+    path("projects/<slug:slug>/usage", views.ProjectUsageView.as_view(), name="api-billing-usage"),
+    path(
+        "projects/<slug:slug>/budget", views.ProjectBudgetView.as_view(), name="api-billing-budget"
+    ),
+    path(
+        "projects/<slug:slug>/invoices",
+        views.ProjectInvoiceListView.as_view(),
+        name="api-billing-invoices",
+    ),
+    path(
+        "invoices/<int:invoice_id>", views.InvoiceDetailView.as_view(), name="api-billing-invoice"
+    ),
+    path("jobs/<int:job_id>/cost", views.JobCostView.as_view(), name="api-billing-job-cost"),
+]

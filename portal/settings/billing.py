@@ -41,3 +41,4 @@ BILLING_BEAT_SCHEDULE = {
         "schedule": crontab(minute=30, hour=1, day_of_month=1),
     },
 }
+SCHEDULER_RESERVED_CAPACITY = "billing.selectors.reserved_gpus_by_project"

@@ -43,7 +43,7 @@ def state_of(job_id: int) -> str:
 
 def test_submit_run_succeed_with_logs_and_exit_code(stack):
     job_id = submit(stack, command="echo hello from $JOB_ID on $CUDA_VISIBLE_DEVICES; exit 0")
-    wait_for(lambda: state_of(job_id) == JobState.SUCCEEDED, timeout=30)
+    wait_for(lambda: state_of(job_id) == JobState.SUCCEEDED, timeout=60)
     job = Job.objects.get(pk=job_id)
     assert job.exit_code == 0
     text = "".join(LogChunk.objects.filter(job=job).values_list("text", flat=True))
@@ -59,7 +59,7 @@ def test_submit_run_succeed_with_logs_and_exit_code(stack):
 
 def test_failing_command_reports_its_exit_code(stack):
     job_id = submit(stack, command="echo boom >&2; exit 7")
-    wait_for(lambda: state_of(job_id) == JobState.FAILED, timeout=30)
+    wait_for(lambda: state_of(job_id) == JobState.FAILED, timeout=60)
     job = Job.objects.get(pk=job_id)
     assert job.exit_code == 7 and "exit code 7" in job.failure_reason
     assert "boom" in "".join(
@@ -71,7 +71,7 @@ def test_cancel_signals_the_whole_process_group(stack, tmp_path: Path):
     marker = tmp_path / "child-alive"
     # The job starts a child that would touch the marker after 8 s; cancel must kill both.
     job_id = submit(stack, command=f"(sleep 8; touch {marker}) & sleep 60")
-    wait_for(lambda: state_of(job_id) == JobState.RUNNING, timeout=30)
+    wait_for(lambda: state_of(job_id) == JobState.RUNNING, timeout=60)
     resp = stack["api"].post(f"{stack['agents'].url}/api/v1/jobs/{job_id}/cancel")
     assert resp.json()["state"] == "cancelled"
     assert not Job.objects.get(pk=job_id).allocations.filter(ended_at__isnull=True).exists()
@@ -94,12 +94,12 @@ def test_preempt_and_resume_from_checkpoint(stack, tmp_path: Path):
         checkpoint_dir=str(ckpt),
         command="python3 -m agent.workload --seconds 30 --checkpoint-every 1",
     )
-    wait_for(lambda: state_of(low) == JobState.RUNNING, timeout=30)
+    wait_for(lambda: state_of(low) == JobState.RUNNING, timeout=60)
     Job.objects.filter(pk=low).update(min_runtime_s=0)
     wait_for(lambda: ckpt.exists() and any(ckpt.iterdir()), timeout=20)
     high = submit(stack, name="high", gpus=2, priority="high", command="sleep 1")
-    wait_for(lambda: state_of(low) in (JobState.PREEMPTING, JobState.QUEUED), timeout=30)
-    wait_for(lambda: state_of(high) == JobState.SUCCEEDED, timeout=40)
+    wait_for(lambda: state_of(low) in (JobState.PREEMPTING, JobState.QUEUED), timeout=60)
+    wait_for(lambda: state_of(high) == JobState.SUCCEEDED, timeout=60)
     wait_for(
         lambda: Job.objects.get(pk=low).attempt >= 2 and state_of(low) == JobState.RUNNING,
         timeout=40,

@@ -1,0 +1,97 @@
+"""Scheduler hooks: budgets and overdue payments at admission and in every cycle.
+
+Policy: at 100 % of a hard-capped budget, new non-preemptible jobs are refused ("budget
+exhausted") and the preemptible tier is offered; preemptible work may spend the budget's
+preemptible allowance more, after which the scheduler holds every queued job of the project.
+An account whose payment failed more than BILLING_PAYMENT_GRACE_DAYS ago stops new jobs too.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.utils import timezone
+
+from billing import pricing, selectors
+from billing.models import BillingAccount, Budget, ProjectBilling
+from portal.models import Project
+from scheduler.admission import JobSpec, Verdict
+from scheduler.models import GpuModel
+
+
+def _overdue_projects(project_ids: set[int], now: datetime) -> dict[int, BillingAccount]:
+    cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
+    return {
+        link.project_id: link.account
+        for link in ProjectBilling.objects.filter(
+            project_id__in=project_ids, account__payment_failed_at__lte=cutoff
+        ).select_related("account")
+    }
+
+
+def _preemptible_offer(spec: JobSpec) -> str:
+    model = spec.gpu_model
+    if model is None:
+        model = (
+            GpuModel.objects.filter(is_active=True, memory_gb__gte=spec.min_gpu_memory_gb)
+            .order_by("price_per_gpu_hour")
+            .first()
+        )
+    if model is None:
+        return "Resubmit it as preemptible"
+    rate = selectors.quote_rate(gpu_model=model, preemptible=True)
+    return f"Resubmit it as preemptible ({model.name} at ${rate}/GPU-hour on idle GPUs; it may be stopped)"
+
+
+def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict | None:
+    """Admission hook (SCHEDULER_ADMISSION_CHECKS)."""
+    overdue = _overdue_projects({project.pk}, now)
+    if project.pk in overdue:
+        since = overdue[project.pk].payment_failed_at
+        return Verdict(
+            False,
+            reason=f"Payment overdue: an invoice payment failed on {since:%Y-%m-%d} and the "
+            f"{settings.BILLING_PAYMENT_GRACE_DAYS}-day grace period is over. New jobs start "
+            "again once it is paid.",
+        )
+    budget = Budget.objects.filter(project=project).first()
+    if budget is None:
+        return None
+    spent = pricing.to_cents(selectors.project_spend(project_ids={project.pk}, now=now)[project.pk])
+    note = f"budget: ${spent} of ${budget.monthly_amount} this month"
+    if not budget.hard_cap or spent < budget.monthly_amount:
+        return Verdict(True, quota_notes=(note,))
+    ceiling = budget.monthly_amount * (100 + budget.preemptible_allowance_percent) / 100
+    if spec.preemptible and spent < ceiling:
+        return Verdict(True, quota_notes=(note, "over budget: admitted as preemptible work"))
+    if spec.preemptible:
+        return Verdict(
+            False,
+            reason=f"Budget exhausted: {project.name} has spent ${spent}, beyond its "
+            f"${budget.monthly_amount} monthly budget and the preemptible allowance. Ask an "
+            "owner to raise the budget.",
+        )
+    return Verdict(
+        False,
+        reason=f"Budget exhausted: {project.name} has spent ${spent} of its "
+        f"${budget.monthly_amount} monthly budget. {_preemptible_offer(spec)}, or ask an owner "
+        "to raise the budget.",
+    )
+
+
+def projects_over_budget(*, project_ids: set[int]) -> set[int]:
+    """Cycle hook (SCHEDULER_BUDGET_EXHAUSTED): projects whose queued jobs must wait."""
+    if not project_ids:
+        return set()
+    now = timezone.now()
+    out = set(_overdue_projects(project_ids, now))
+    budgets = list(Budget.objects.filter(project_id__in=project_ids, hard_cap=True))
+    if budgets:
+        spend = selectors.project_spend(project_ids={b.project_id for b in budgets}, now=now)
+        for b in budgets:
+            ceiling = b.monthly_amount * (100 + b.preemptible_allowance_percent) / 100
+            if spend.get(b.project_id, Decimal(0)) >= ceiling:
+                out.add(b.project_id)
+    return out

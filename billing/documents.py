@@ -1,0 +1,55 @@
+"""Invoice documents: the context shared by the page, the email and the PDF (WeasyPrint)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.template.loader import render_to_string
+
+from billing import pricing, selectors
+from billing.models import Invoice
+from portal.models import Project
+
+FAULT_POLICY = (
+    "Time lost to platform faults is not billed: an allocation that ended because its node was "
+    "lost or its GPU failed is credited in full, and so is one preempted from a non-preemptible "
+    "job that had no checkpoint directory."
+)
+ROUNDING = (
+    "Usage is metered per second × milli-GPU and priced to 1/1,000,000 USD; each line is the "
+    "sum of its usage records rounded half-up to the cent; tax is rounded half-up to the cent; "
+    "the total is the sum of the lines."
+)
+
+
+def invoice_context(invoice: Invoice) -> dict[str, Any]:
+    lines = list(invoice.lines.select_related("gpu_model").order_by("position"))
+    jobs = selectors.invoice_job_summary(invoice=invoice)
+    for row in jobs:
+        row["gpu_hours"] = pricing.gpu_hours(int(row["ms"] or 0))  # type: ignore[call-overload]
+        row["amount"] = pricing.to_cents(row["cost"])  # type: ignore[arg-type]
+    due = (invoice.issued_at or invoice.created_at) + timedelta(
+        days=settings.BILLING_INVOICE_DUE_DAYS
+    )
+    return {
+        "invoice": invoice,
+        "account": invoice.account,
+        "projects": list(Project.objects.filter(billing__account=invoice.account).order_by("slug")),
+        "lines": lines,
+        "jobs": jobs[:200],
+        "jobs_more": max(0, len(jobs) - 200),
+        "due_at": due,
+        "provider": settings.BILLING_PROVIDER_NAME,
+        "fault_policy": FAULT_POLICY,
+        "rounding": ROUNDING,
+    }
+
+
+def render_invoice_pdf(invoice: Invoice) -> bytes:
+    from weasyprint import HTML
+
+    html = render_to_string("billing/invoice_pdf.html", invoice_context(invoice))
+    pdf: bytes = HTML(string=html).write_pdf()
+    return pdf

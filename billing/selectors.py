@@ -1,0 +1,519 @@
+"""Billing reads, scoped to what the user may see: another tenant's data is 404."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from billing import pricing
+from billing.models import (
+    BillingAccount,
+    Budget,
+    Invoice,
+    InvoiceLine,
+    Notification,
+    PriceVersion,
+    ProjectBilling,
+    ReservedPlan,
+    Tier,
+    UsageRecord,
+)
+from billing.rates import PriceTable
+from portal.errors import DomainError, NotFound
+from portal.models import Project, User
+from portal.selectors import project_list_visible_to
+from scheduler.models import Allocation, Gpu, GpuModel, Job, Node
+
+ZERO = Decimal(0)
+MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
+
+
+def month_param(raw: str | None, *, now: datetime | None = None) -> date:
+    """A `YYYY-MM` query parameter as the month's first day (default: this month)."""
+    now = now or timezone.now()
+    if not raw:
+        return pricing.month_start(now).date()
+    match = MONTH_RE.match(raw.strip())
+    if (
+        match is None
+        or not 1 <= int(match.group(2)) <= 12
+        or not 2000 <= int(match.group(1)) <= 2200
+    ):
+        raise DomainError("month must be YYYY-MM, e.g. 2025-06.", field="month")
+    return date(int(match.group(1)), int(match.group(2)), 1)
+
+
+def period_bounds(period_start: date) -> tuple[datetime, datetime]:
+    start = datetime(period_start.year, period_start.month, 1, tzinfo=UTC)
+    return start, pricing.next_month(start)
+
+
+# ---- prices ---------------------------------------------------------------------------------
+
+
+def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
+    """Scheduler hook: the rate a job would pay now, from the price list (catalog price when
+    the model has no version yet)."""
+    version = (
+        PriceVersion.objects.filter(gpu_model=gpu_model, effective_from__lte=timezone.now())
+        .order_by("-effective_from")
+        .first()
+    )
+    if version is not None:
+        return version.rate(preemptible=preemptible)
+    return pricing.effective_rate(
+        on_demand=gpu_model.price_per_gpu_hour,
+        preemptible=preemptible,
+        preemptible_discount=Decimal(str(settings.PREEMPTIBLE_DISCOUNT)),
+    )
+
+
+def price_list(*, now: datetime | None = None) -> list[PriceVersion]:
+    """The price in effect now for each model, and any scheduled change after it."""
+    now = now or timezone.now()
+    rows = list(
+        PriceVersion.objects.select_related("gpu_model").order_by(
+            "gpu_model__name", "effective_from"
+        )
+    )
+    out: list[PriceVersion] = []
+    by_model: dict[int, list[PriceVersion]] = defaultdict(list)
+    for v in rows:
+        by_model[v.gpu_model_id].append(v)
+    for versions in by_model.values():
+        current = [v for v in versions if v.effective_from <= now]
+        out += current[-1:] + [v for v in versions if v.effective_from > now]
+    return out
+
+
+# ---- accounts and spend ---------------------------------------------------------------------
+
+
+def account_of(*, project: Project) -> BillingAccount | None:
+    link = ProjectBilling.objects.select_related("account").filter(project=project).first()
+    return link.account if link is not None else None
+
+
+def _open_usage(
+    allocs: QuerySet[Allocation], *, since: datetime | None, now: datetime
+) -> list[tuple[Allocation, Decimal, int]]:
+    """(allocation, amount, milli-seconds) of what is used but not yet metered: the open hour
+    of running allocations, or an ended one the meter has not reached. An estimate at the
+    current price; the ledger replaces it within the hour."""
+    table = PriceTable.load()
+    out = []
+    end_now = pricing.floor_second(now)
+    for alloc in allocs.filter(Q(meter__isnull=True) | Q(meter__done=False)).select_related(
+        "job", "gpu", "meter"
+    ):
+        meter = getattr(alloc, "meter", None)
+        begin = pricing.floor_second(alloc.started_at)
+        if meter is not None:
+            begin = max(begin, meter.metered_until)
+        if since is not None:
+            begin = max(begin, since)
+        end = pricing.floor_second(alloc.ended_at) if alloc.ended_at else end_now
+        if end <= begin:
+            continue
+        preemptible = alloc.job.preemptible or alloc.borrowed
+        if alloc.ended_at is not None and pricing.fault_credited(
+            end_reason=alloc.end_reason,
+            preemptible=preemptible,
+            has_checkpoint=bool(alloc.job.checkpoint_dir),
+        ):
+            continue
+        version = table.at(alloc.gpu_model_id, begin)
+        rate = (
+            version.rate(preemptible=preemptible)
+            if version is not None
+            else quote_rate(gpu_model=alloc.gpu_model, preemptible=preemptible)
+        )
+        billed = pricing.billed_share_milli(
+            share_milli=alloc.share_milli, capacity_milli=alloc.gpu.capacity_milli
+        )
+        ms = int((end - begin).total_seconds()) * billed
+        out.append((alloc, pricing.usage_amount(ms, rate), ms))
+    return out
+
+
+def project_spend(*, project_ids: set[int], now: datetime | None = None) -> dict[int, Decimal]:
+    """Billable spend this month per project: metered records (less fault credits) plus the
+    open, not yet metered hour."""
+    now = now or timezone.now()
+    start = pricing.month_start(now)
+    spend: dict[int, Decimal] = defaultdict(lambda: ZERO)
+    if not project_ids:
+        return spend
+    for pid, amount in (
+        UsageRecord.objects.filter(
+            project_id__in=project_ids, period_start=start.date(), fault_credit=False
+        )
+        .values_list("project_id")
+        .annotate(total=Sum("amount"))
+        .values_list("project_id", "total")
+    ):
+        spend[pid] += amount or ZERO
+    allocs = Allocation.objects.filter(job__project_id__in=project_ids, started_at__lt=now).exclude(
+        ended_at__lt=start
+    )
+    for alloc, amount, _ in _open_usage(allocs, since=start, now=now):
+        spend[alloc.job.project_id] += amount
+    return spend
+
+
+def job_cost(job: Job, *, now: datetime | None = None) -> Decimal:
+    """What a job has cost so far (all months, less fault credits), to the cent."""
+    now = now or timezone.now()
+    metered = (
+        UsageRecord.objects.filter(job=job, fault_credit=False).aggregate(t=Sum("amount"))["t"]
+        or ZERO
+    )
+    open_part = pricing.sum_amounts(
+        amount
+        for _, amount, _ in _open_usage(Allocation.objects.filter(job=job), since=None, now=now)
+    )
+    return pricing.to_cents(metered + open_part)
+
+
+def reserved_gpus_by_project(*, now: datetime | None = None) -> dict[str, dict[str, int]]:
+    """Scheduler snapshot: project slug → GPU model name → GPUs guaranteed by active reserved
+    plans (a plan without a project belongs to its account's only project)."""
+    now = now or timezone.now()
+    plans = list(
+        ReservedPlan.objects.filter(starts_at__lte=now, ends_at__gt=now).select_related(
+            "project", "gpu_model"
+        )
+    )
+    sole: dict[int, str] = {}
+    unassigned = {p.account_id for p in plans if p.project is None}
+    if unassigned:
+        links = defaultdict(list)
+        for account_id, project_slug in ProjectBilling.objects.filter(
+            account_id__in=unassigned
+        ).values_list("account_id", "project__slug"):
+            links[account_id].append(project_slug)
+        sole = {a: slugs[0] for a, slugs in links.items() if len(slugs) == 1}
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    for plan in plans:
+        slug: str | None = (
+            plan.project.slug if plan.project is not None else sole.get(plan.account_id)
+        )
+        if slug is None:
+            continue
+        out[slug][plan.gpu_model.name] = out[slug].get(plan.gpu_model.name, 0) + plan.gpus
+    return dict(out)
+
+
+def budget_of(*, project: Project) -> Budget | None:
+    return Budget.objects.filter(project=project).first()
+
+
+def notification_list(*, project: Project, limit: int = 10) -> list[Notification]:
+    return list(Notification.objects.filter(project=project)[:limit])
+
+
+# ---- usage pages ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    model: str
+    tier: str
+    gpu_hours: Decimal
+    covered_hours: Decimal
+    amount: Decimal
+    credited: Decimal
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job_id: int
+    name: str
+    gpu_hours: Decimal
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class DayRow:
+    day: date
+    gpu_hours: Decimal
+    amount: Decimal
+
+
+@dataclass
+class UsageSummary:
+    project: Project
+    period_start: date
+    metered: Decimal = ZERO
+    credited: Decimal = ZERO
+    open_estimate: Decimal = ZERO
+    burn_per_hour: Decimal = ZERO
+    forecast: Decimal | None = None
+    running_month: bool = False
+    by_model: list[ModelRow] = field(default_factory=list)
+    by_job: list[JobRow] = field(default_factory=list)
+    by_day: list[DayRow] = field(default_factory=list)
+    budget: Budget | None = None
+
+    @property
+    def to_date(self) -> Decimal:
+        return pricing.to_cents(self.metered + self.open_estimate)
+
+    @property
+    def budget_percent(self) -> int:
+        if self.budget is None:
+            return 0
+        return min(100, int(self.to_date * 100 / self.budget.monthly_amount))
+
+    @property
+    def day_max(self) -> Decimal:
+        return max((d.amount for d in self.by_day), default=ZERO)
+
+
+def usage_summary(
+    *, project: Project, period_start: date, now: datetime | None = None, jobs: int = 50
+) -> UsageSummary:
+    """A project's usage and cost for a month: by model, by job, by day; the open hour as an
+    estimate; a run-rate forecast while the month runs."""
+    now = now or timezone.now()
+    start, end = period_bounds(period_start)
+    summary = UsageSummary(
+        project=project, period_start=period_start, budget=budget_of(project=project)
+    )
+    records = UsageRecord.objects.filter(project=project, period_start=period_start)
+    billable = Q(fault_credit=False)
+    for row in (
+        records.values("gpu_model__name", "tier")
+        .annotate(
+            ms=Sum("milli_seconds"),
+            cov=Sum("covered_milli_seconds"),
+            cost=Sum("amount", filter=billable),
+            credited_cost=Sum("amount", filter=~billable),
+        )
+        .order_by("gpu_model__name", "tier")
+    ):
+        summary.by_model.append(
+            ModelRow(
+                model=row["gpu_model__name"],
+                tier=Tier(row["tier"]).label,
+                gpu_hours=pricing.gpu_hours(row["ms"] or 0),
+                covered_hours=pricing.gpu_hours(row["cov"] or 0),
+                amount=pricing.to_cents(row["cost"] or ZERO),
+                credited=pricing.to_cents(row["credited_cost"] or ZERO),
+            )
+        )
+        summary.metered += row["cost"] or ZERO
+        summary.credited += row["credited_cost"] or ZERO
+    for job_row in (
+        records.values("job_id", "job__name")
+        .annotate(ms=Sum("milli_seconds"), cost=Sum("amount", filter=billable))
+        .order_by("-cost", "job_id")[:jobs]
+    ):
+        summary.by_job.append(
+            JobRow(
+                job_id=job_row["job_id"],
+                name=job_row["job__name"],
+                gpu_hours=pricing.gpu_hours(job_row["ms"] or 0),
+                amount=pricing.to_cents(job_row["cost"] or ZERO),
+            )
+        )
+    for day_row in (
+        records.annotate(day=TruncDate("slice_start", tzinfo=UTC))
+        .values("day")
+        .annotate(ms=Sum("milli_seconds"), cost=Sum("amount", filter=billable))
+        .order_by("day")
+    ):
+        summary.by_day.append(
+            DayRow(
+                day=day_row["day"],
+                gpu_hours=pricing.gpu_hours(day_row["ms"] or 0),
+                amount=pricing.to_cents(day_row["cost"] or ZERO),
+            )
+        )
+    summary.metered = pricing.to_cents(summary.metered)
+    summary.credited = pricing.to_cents(summary.credited)
+    if start <= now < end:
+        summary.running_month = True
+        allocs = Allocation.objects.filter(job__project=project, started_at__lt=now).exclude(
+            ended_at__lt=start
+        )
+        open_rows = _open_usage(allocs, since=start, now=now)
+        summary.open_estimate = pricing.to_cents(pricing.sum_amounts(a for _, a, _ in open_rows))
+        table = PriceTable.load()
+        burn = ZERO
+        for alloc in allocs.filter(ended_at__isnull=True).select_related("job", "gpu"):
+            version = table.at(alloc.gpu_model_id, now)
+            preemptible = alloc.job.preemptible or alloc.borrowed
+            rate = (
+                version.rate(preemptible=preemptible)
+                if version
+                else quote_rate(gpu_model=alloc.gpu_model, preemptible=preemptible)
+            )
+            billed = pricing.billed_share_milli(
+                share_milli=alloc.share_milli, capacity_milli=alloc.gpu.capacity_milli
+            )
+            burn += rate * billed / pricing.MILLI
+        summary.burn_per_hour = pricing.to_cents(burn)
+        summary.forecast = pricing.forecast_month(
+            to_date=summary.to_date,
+            elapsed_seconds=int((now - start).total_seconds()),
+            month_seconds=int((end - start).total_seconds()),
+        )
+    return summary
+
+
+def usage_records_for_export(*, project: Project, period_start: date) -> QuerySet[UsageRecord]:
+    return (
+        UsageRecord.objects.filter(project=project, period_start=period_start)
+        .select_related("gpu_model", "job", "account", "price_version", "project", "invoice")
+        .order_by("slice_start", "pk")
+    )
+
+
+# ---- invoices -------------------------------------------------------------------------------
+
+
+def invoice_list_visible_to(*, user: User) -> QuerySet[Invoice]:
+    """Invoices of accounts that bill a project the user may see."""
+    projects = project_list_visible_to(user=user)
+    return (
+        Invoice.objects.filter(account__project_links__project__in=projects)
+        .exclude(status=Invoice.Status.DRAFT)
+        .select_related("account")
+        .distinct()
+        .order_by("-period_start", "pk")
+    )
+
+
+def invoice_list_for_project(*, project: Project) -> QuerySet[Invoice]:
+    return (
+        Invoice.objects.filter(account__project_links__project=project)
+        .exclude(status=Invoice.Status.DRAFT)
+        .select_related("account")
+        .order_by("-period_start", "pk")
+    )
+
+
+def invoice_get_visible(*, user: User, invoice_id: int) -> Invoice:
+    invoice = invoice_list_visible_to(user=user).filter(pk=invoice_id).first()
+    if invoice is None:
+        raise NotFound("No such invoice.")
+    return invoice
+
+
+def line_records(*, line: InvoiceLine) -> QuerySet[UsageRecord]:
+    """The usage records behind a usage, covered or credit line (none for other kinds)."""
+    qs = UsageRecord.objects.filter(invoice_id=line.invoice_id).select_related("job", "gpu_model")
+    kind = InvoiceLine.Kind
+    if line.kind == kind.COVERED:
+        return qs.filter(
+            gpu_model_id=line.gpu_model_id,
+            covered_milli_seconds__gt=0,
+            period_start=line.invoice.period_start,
+        )
+    if line.kind == kind.FAULT_CREDIT:
+        return qs.filter(gpu_model_id=line.gpu_model_id, fault_credit=True)
+    if line.kind in (kind.USAGE, kind.PREEMPTIBLE, kind.LATE_USAGE) and line.unit_price is not None:
+        return qs.filter(
+            gpu_model_id=line.gpu_model_id,
+            tier=line.tier,
+            rate=line.unit_price,
+            period_start=line.usage_period_start or line.invoice.period_start,
+        )
+    return qs.none()
+
+
+def invoice_job_summary(*, invoice: Invoice) -> list[dict[str, object]]:
+    """Per job: GPU-hours and billable amount on the invoice (traceability)."""
+    rows: list[dict[str, object]] = [
+        dict(row)
+        for row in UsageRecord.objects.filter(invoice=invoice)
+        .values("job_id", "job__name", "project__slug", "gpu_model__name")
+        .annotate(
+            ms=Sum("milli_seconds"),
+            cost=Sum("amount"),
+            records=Count("id"),
+        )
+        .order_by("project__slug", "job_id", "gpu_model__name")
+    ]
+    return rows
+
+
+# ---- operators ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RevenueRow:
+    model: str
+    fleet_gpus: int
+    gpu_hours_sold: Decimal
+    utilization_percent: Decimal
+    usage_revenue: Decimal
+    reserved_revenue: Decimal
+    credited: Decimal
+
+    @property
+    def revenue(self) -> Decimal:
+        return self.usage_revenue + self.reserved_revenue
+
+
+def revenue_by_model(*, period_start: date, now: datetime | None = None) -> list[RevenueRow]:
+    """Per GPU model for a month: GPU-hours sold, utilization of the fleet's GPU-hours,
+    revenue from usage and reserved fees (to date in the running month)."""
+    now = now or timezone.now()
+    start, end = period_bounds(period_start)
+    upto = min(max(now, start), end)
+    elapsed = int((upto - start).total_seconds())
+    month = int((end - start).total_seconds())
+    usage: dict[int, dict[str, Any]] = {
+        row["gpu_model_id"]: dict(row)
+        for row in UsageRecord.objects.filter(period_start=period_start)
+        .values("gpu_model_id")
+        .annotate(
+            ms=Sum("milli_seconds"),
+            cost=Sum("amount", filter=Q(fault_credit=False)),
+            credited_cost=Sum("amount", filter=Q(fault_credit=True)),
+        )
+    }
+    fleet = dict(
+        Gpu.objects.exclude(node__state=Node.State.RETIRED)
+        .values_list("model_id")
+        .annotate(n=Count("id"))
+        .values_list("model_id", "n")
+    )
+    reserved: dict[int, Decimal] = defaultdict(lambda: ZERO)
+    for plan in ReservedPlan.objects.filter(starts_at__lt=upto, ends_at__gt=start):
+        part = int((min(plan.ends_at, upto) - max(plan.starts_at, start)).total_seconds())
+        reserved[plan.gpu_model_id] += pricing.prorate(
+            plan.monthly_fee, part_seconds=max(0, part), whole_seconds=month
+        )
+    rows = []
+    for model in GpuModel.objects.filter(pk__in=set(usage) | set(fleet) | set(reserved)).order_by(
+        "name"
+    ):
+        u: dict[str, Any] = usage.get(model.pk, {})
+        ms = int(u.get("ms") or 0)
+        gpus = fleet.get(model.pk, 0)
+        capacity = gpus * elapsed * pricing.MILLI
+        util = (Decimal(ms) * 100 / capacity).quantize(Decimal("0.1")) if capacity else ZERO
+        rows.append(
+            RevenueRow(
+                model=model.name,
+                fleet_gpus=gpus,
+                gpu_hours_sold=pricing.gpu_hours(ms),
+                utilization_percent=util,
+                usage_revenue=pricing.to_cents(u.get("cost") or ZERO),
+                reserved_revenue=reserved.get(model.pk, ZERO),
+                credited=pricing.to_cents(u.get("credited_cost") or ZERO),
+            )
+        )
+    return rows

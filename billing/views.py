@@ -1,0 +1,189 @@
+"""Billing pages: usage and cost, budgets, invoices (and PDF), exports, operator revenue,
+and the Stripe webhook endpoint."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from billing import exports, gateway, pricing, selectors, services
+from billing.forms import BudgetForm
+from billing.models import InvoiceLine
+from portal.errors import DomainError, NotFound, PermissionDenied
+from portal.models import Role, User
+from portal.selectors import project_get_visible, project_role_of
+
+
+def _user(request: HttpRequest) -> User:
+    return request.user  # type: ignore[return-value]
+
+
+def _month_nav(period: date) -> dict[str, str]:
+    start, end = selectors.period_bounds(period)
+    prev = pricing.month_start(start - timedelta(days=1))
+    return {"prev": f"{prev:%Y-%m}", "next": f"{end:%Y-%m}", "this": f"{start:%Y-%m}"}
+
+
+@login_required
+def usage(request: HttpRequest, slug: str) -> HttpResponse:
+    project = project_get_visible(user=_user(request), slug=slug)
+    period = selectors.month_param(request.GET.get("month"))
+    summary = selectors.usage_summary(project=project, period_start=period)
+    role = project_role_of(user=_user(request), project=project)
+    budget = summary.budget
+    form = BudgetForm(
+        initial={
+            "monthly_amount": budget.monthly_amount if budget else None,
+            "hard_cap": budget.hard_cap if budget else False,
+            "preemptible_allowance_percent": budget.preemptible_allowance_percent if budget else 10,
+        }
+    )
+    context = {
+        "project": project,
+        "summary": summary,
+        "month": _month_nav(period),
+        "is_owner": role == Role.OWNER,
+        "form": form,
+        "notifications": selectors.notification_list(project=project),
+        "account": selectors.account_of(project=project),
+    }
+    template = "billing/usage.html"
+    if request.htmx and not request.htmx.boosted:  # type: ignore[attr-defined]
+        template = "billing/partials/_usage_tables.html"
+    response = render(request, template, context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+@login_required
+@require_POST
+def budget_update(request: HttpRequest, slug: str) -> HttpResponse:
+    project = project_get_visible(user=_user(request), slug=slug)
+    form = BudgetForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Enter a positive budget and an allowance from 0 to 100 %.")
+        return redirect("billing:usage", slug=project.slug)
+    try:
+        if request.POST.get("remove"):
+            services.budget_remove(actor=_user(request), project=project)
+            messages.success(request, "Budget removed.")
+        else:
+            services.budget_set(actor=_user(request), project=project, **form.cleaned_data)
+            messages.success(request, "Budget saved.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("billing:usage", slug=project.slug)
+
+
+@login_required
+def invoices(request: HttpRequest, slug: str) -> HttpResponse:
+    project = project_get_visible(user=_user(request), slug=slug)
+    return render(
+        request,
+        "billing/invoices.html",
+        {"project": project, "invoices": selectors.invoice_list_for_project(project=project)},
+    )
+
+
+@login_required
+def invoice_detail(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    from billing.documents import invoice_context
+
+    invoice = selectors.invoice_get_visible(user=_user(request), invoice_id=invoice_id)
+    return render(request, "billing/invoice_detail.html", invoice_context(invoice))
+
+
+@login_required
+def invoice_line(request: HttpRequest, invoice_id: int, line_id: int) -> HttpResponse:
+    """The usage records behind one line (an htmx partial)."""
+    invoice = selectors.invoice_get_visible(user=_user(request), invoice_id=invoice_id)
+    line = InvoiceLine.objects.filter(invoice=invoice, pk=line_id).select_related("invoice").first()
+    if line is None:
+        raise NotFound("No such invoice line.")
+    records = selectors.line_records(line=line)
+    return render(
+        request,
+        "billing/partials/_line_records.html",
+        {"line": line, "records": records[:500], "count": records.count()},
+    )
+
+
+@login_required
+def invoice_pdf(request: HttpRequest, invoice_id: int) -> HttpResponse:
+    invoice = selectors.invoice_get_visible(user=_user(request), invoice_id=invoice_id)
+    response = HttpResponse(services.invoice_pdf(invoice=invoice), content_type="application/pdf")
+    response["Content-Disposition"] = f'attachment; filename="{invoice.number}.pdf"'
+    return response
+
+
+def _export(request: HttpRequest, slug: str, kind: str) -> StreamingHttpResponse:
+    project = project_get_visible(user=_user(request), slug=slug)
+    period = selectors.month_param(request.GET.get("month"))
+    records = selectors.usage_records_for_export(project=project, period_start=period).iterator(
+        chunk_size=2000
+    )
+    if kind == "focus":
+        lines = exports.csv_lines(
+            exports.FOCUS_COLUMNS, exports.focus_rows(records, period_start=period)
+        )
+    else:
+        lines = exports.csv_lines(exports.CSV_COLUMNS, exports.usage_csv_rows(records))
+    response = StreamingHttpResponse(lines, content_type="text/csv")
+    suffix = "focus" if kind == "focus" else "usage"
+    response["Content-Disposition"] = (
+        f'attachment; filename="{project.slug}-{period:%Y-%m}-{suffix}.csv"'
+    )
+    return response
+
+
+@login_required
+def usage_csv(request: HttpRequest, slug: str) -> StreamingHttpResponse:
+    return _export(request, slug, "csv")
+
+
+@login_required
+def usage_focus(request: HttpRequest, slug: str) -> StreamingHttpResponse:
+    return _export(request, slug, "focus")
+
+
+@login_required
+def revenue(request: HttpRequest) -> HttpResponse:
+    if not _user(request).is_staff:
+        raise PermissionDenied("The revenue view is for operators.")
+    period = selectors.month_param(request.GET.get("month"))
+    rows = selectors.revenue_by_model(period_start=period)
+    totals = {
+        "hours": sum((r.gpu_hours_sold for r in rows), pricing.ZERO),
+        "usage": sum((r.usage_revenue for r in rows), pricing.ZERO),
+        "reserved": sum((r.reserved_revenue for r in rows), pricing.ZERO),
+        "revenue": sum((r.revenue for r in rows), pricing.ZERO),
+    }
+    return render(
+        request,
+        "billing/revenue.html",
+        {"rows": rows, "totals": totals, "month": _month_nav(period), "period": period},
+    )
+
+
+@csrf_exempt
+@require_POST
+def stripe_webhook(request: HttpRequest) -> JsonResponse:
+    """Stripe calls this; the signature, not a session or CSRF token, authenticates it."""
+    try:
+        event = gateway.event_verify(
+            payload=request.body, signature=request.headers.get("Stripe-Signature", "")
+        )
+    except gateway.SignatureError as exc:
+        return JsonResponse({"detail": f"Signature check failed: {exc}"}, status=400)
+    try:
+        outcome = services.stripe_event_apply(event=event)
+    except DomainError as exc:
+        return JsonResponse({"detail": exc.message}, status=400)
+    return JsonResponse({"received": True, "outcome": outcome})
