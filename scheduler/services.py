@@ -69,7 +69,7 @@ def node_register_simulated(
     )
     audit_record(
         actor=actor,
-        action="node.register",
+        action="node.create",
         target=node,
         data={"gpus": gpu_count, "model": gpu_model.name, "provider": "simulated"},
     )

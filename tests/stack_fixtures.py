@@ -79,3 +79,26 @@ def agents(live_server) -> Iterator[Agents]:
             yield pool
         finally:
             pool.stop_all()
+            for log in sorted(Path(tmp).glob("*.log")):  # shown by pytest when a test fails
+                print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def wait_for_registration(names: list[str], timeout: float = 30) -> None:
+    """Until every named node's agent has registered its inventory (its GPUs are then the
+    agent's, not the fixture's) and heartbeated."""
+    from portal.models import AuditEvent
+    from scheduler.models import Node
+    from tests.celery_fixtures import wait_for
+
+    ids = {str(pk) for pk in Node.objects.filter(name__in=names).values_list("pk", flat=True)}
+
+    def registered() -> bool:
+        done = set(
+            AuditEvent.objects.filter(action="node.register", target_id__in=ids).values_list(
+                "target_id", flat=True
+            )
+        )
+        beating = Node.objects.filter(name__in=names, last_heartbeat_at__isnull=False).count()
+        return done == ids and beating == len(names)
+
+    wait_for(registered, timeout=timeout)

@@ -8,6 +8,7 @@ import pytest
 
 from scheduler.models import Job, JobState
 from tests.celery_fixtures import wait_for
+from tests.stack_fixtures import wait_for_registration
 
 pytestmark = [pytest.mark.e2e, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
@@ -15,6 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.celery, pytest.mark.django_db(transac
 def test_submit_through_the_form_and_watch_it_run(page, celery_live_worker, agents, team, fleet):
     for name in ("h1", "h2"):
         agents.start(name, fleet["tokens"][name], "2xH100-80GB-SXM")
+    wait_for_registration(["h1", "h2"])
     member = team["member"]
     member.set_password("pw-browser-1")
     member.save()

@@ -9,8 +9,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from portal.services import token_create
-from scheduler.models import Job, JobState, LogChunk, Node
+from scheduler.models import Job, JobState, LogChunk
 from tests.celery_fixtures import wait_for
+from tests.stack_fixtures import wait_for_registration
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
@@ -20,10 +21,7 @@ def stack(celery_live_worker, agents, team, fleet, settings):
     settings.AGENT_PORTAL_URL = agents.url
     for name in ("h1", "h2"):
         agents.start(name, fleet["tokens"][name], "2xH100-80GB-SXM")
-    wait_for(
-        lambda: Node.objects.filter(name__in=["h1", "h2"], gpus__uuid__startswith="GPU-").exists()
-    )
-    wait_for(lambda: all(n.last_heartbeat_at for n in Node.objects.filter(name__in=["h1", "h2"])))
+    wait_for_registration(["h1", "h2"])
     client = APIClient()
     secret = token_create(user=team["member"], name="e2e").secret
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
