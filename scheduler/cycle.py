@@ -14,9 +14,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC as _UTC
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Prefetch
 from django.utils import timezone
 
 from portal.db import bulk_update_fast
@@ -62,42 +62,102 @@ def from_ts(value: float) -> datetime:
 
 @dataclass
 class ClusterState:
-    """The snapshot plus what `apply` needs to map the plan back to rows."""
+    """The snapshot plus what `apply` and `record_pending` need to map the plan back to rows."""
 
     snapshot: Snapshot
     queue: list[JobRequest]
-    jobs: dict[int, Job]
-    gpus: dict[int, Gpu] = field(default_factory=dict)
+    # Each queued job's current (reason, message, position, estimated start), to write changes only.
+    pending_now: dict[int, tuple[str, str, int | None, datetime | None]] = field(
+        default_factory=dict
+    )
 
 
 def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobRequest:
-    """The core's view of a job."""
-    submitted = job.queued_at or job.created_at
+    """The core's view of a Job instance (the dry run's hypothetical job)."""
+    return _request(
+        {
+            "pk": job.pk,
+            "project__slug": job.project.slug,
+            "queued_at": job.queued_at,
+            "created_at": job.created_at,
+            "gpus": job.gpus,
+            "gpu_milli": job.gpu_milli,
+            "gpu_memory_mib": job.gpu_memory_mib,
+            "nodes": job.nodes,
+            "gpus_per_node": job.gpus_per_node,
+            "gpu_model__name": job.gpu_model.name if job.gpu_model is not None else None,
+            "min_gpu_memory_gb": job.min_gpu_memory_gb,
+            "precisions": job.precisions,
+            "cpu_milli": job.cpu_milli,
+            "memory_mib": job.memory_mib,
+            "priority": job.priority,
+            "preemptible": job.preemptible,
+            "borrowed": job.borrowed,
+            "runtime_estimate_s": job.runtime_estimate_s,
+            "elastic_min": job.elastic_min,
+            "elastic_max": job.elastic_max,
+            "pool__name": job.pool.name if job.pool is not None else None,
+        },
+        preempted_by,
+    )
+
+
+QUEUED_FIELDS = (
+    "pk",
+    "project__slug",
+    "queued_at",
+    "created_at",
+    "gpus",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "nodes",
+    "gpus_per_node",
+    "gpu_model__name",
+    "min_gpu_memory_gb",
+    "precisions",
+    "cpu_milli",
+    "memory_mib",
+    "priority",
+    "preemptible",
+    "borrowed",
+    "runtime_estimate_s",
+    "elastic_min",
+    "elastic_max",
+    "pool__name",
+    "pending_reason",
+    "pending_message",
+    "queue_position",
+    "estimated_start_at",
+)
+
+
+def _request(row: dict[str, Any], preempted_by: frozenset[int]) -> JobRequest:
+    model = row["gpu_model__name"]
     return JobRequest(
-        job_id=job.pk,
-        project=job.project.slug,
-        submitted_at=ts(submitted),
-        gpus=job.gpus,
-        gpu_milli=job.gpu_milli,
-        gpu_memory_mib=job.gpu_memory_mib,
-        nodes=job.nodes,
-        gpus_per_node=job.gpus_per_node,
-        models=frozenset({job.gpu_model.name}) if job.gpu_model is not None else frozenset(),
-        min_gpu_memory_mib=job.min_gpu_memory_gb * 1000 * 1000 * 1000 // (1024 * 1024),
-        precisions=frozenset(job.precisions),
-        cpu_milli=job.cpu_milli,
-        memory_mib=job.memory_mib,
-        priority=job.priority,
-        preemptible=job.preemptible or job.borrowed,
-        runtime_estimate_s=job.runtime_estimate_s,
-        elastic_min=job.elastic_min,
-        elastic_max=job.elastic_max,
-        pool=job.pool.name if job.pool is not None else None,
+        job_id=row["pk"],
+        project=row["project__slug"],
+        submitted_at=ts(row["queued_at"] or row["created_at"]),
+        gpus=row["gpus"],
+        gpu_milli=row["gpu_milli"],
+        gpu_memory_mib=row["gpu_memory_mib"],
+        nodes=row["nodes"],
+        gpus_per_node=row["gpus_per_node"],
+        models=frozenset({model}) if model else frozenset(),
+        min_gpu_memory_mib=row["min_gpu_memory_gb"] * 1000 * 1000 * 1000 // (1024 * 1024),
+        precisions=frozenset(row["precisions"]),
+        cpu_milli=row["cpu_milli"],
+        memory_mib=row["memory_mib"],
+        priority=row["priority"],
+        preemptible=row["preemptible"] or row["borrowed"],
+        runtime_estimate_s=row["runtime_estimate_s"],
+        elastic_min=row["elastic_min"],
+        elastic_max=row["elastic_max"],
+        pool=row["pool__name"],
         preempted_by=preempted_by,
     )
 
 
-def _decayed_usage(project_ids: list[int], now: datetime) -> dict[int, float]:
+def _decayed_usage(project_ids: set[int], now: datetime) -> dict[int, float]:
     """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours."""
     usage: dict[int, float] = defaultdict(float)
     since = now - timedelta(days=7)
@@ -115,116 +175,160 @@ def _decayed_usage(project_ids: list[int], now: datetime) -> dict[int, float]:
 
 
 def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> ClusterState:
-    """Read nodes, GPUs, active allocations, queued jobs and quotas into immutable core values."""
-    nodes = list(
-        Node.objects.exclude(state__in=[Node.State.RETIRED, Node.State.LOST])
-        .select_related("pool")
-        .prefetch_related(Prefetch("gpus", queryset=Gpu.objects.select_related("model")))
-        .order_by("pk")
-    )
+    """Read nodes, GPUs, active allocations, queued jobs and quotas into immutable core values.
+
+    Plain `values()` rows, not model instances: the cycle reads tens of thousands of rows.
+    """
     active = list(
-        Allocation.objects.filter(ended_at__isnull=True).select_related("job", "job__project")
+        Allocation.objects.filter(ended_at__isnull=True).values_list(
+            "job_id", "node_id", "gpu_id", "share_milli", "memory_mib", "started_at"
+        )
     )
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
-    by_job: dict[int, list[Allocation]] = defaultdict(list)
-    for alloc in active:
-        used_milli[alloc.gpu_id] += alloc.share_milli
-        used_mem[alloc.gpu_id] += alloc.memory_mib
-        by_job[alloc.job_id].append(alloc)
-
+    by_job: dict[int, list[tuple[int, int, int, int, int, datetime]]] = defaultdict(list)
+    for row in active:
+        used_milli[row[2]] += row[3]
+        used_mem[row[2]] += row[4]
+        by_job[row[0]].append(row)
+    holders = {
+        r["pk"]: r
+        for r in Job.objects.filter(pk__in=list(by_job)).values(
+            "pk",
+            "project_id",
+            "project__slug",
+            "priority",
+            "preemptible",
+            "borrowed",
+            "state",
+            "min_runtime_s",
+            "runtime_estimate_s",
+            "elastic_min",
+            "elastic_max",
+            "cpu_milli",
+            "memory_mib",
+        )
+    }
     node_cpu: dict[int, int] = defaultdict(int)
     node_mem: dict[int, int] = defaultdict(int)
     running: list[RunningWork] = []
-    jobs: dict[int, Job] = {}
+    project_ids: set[int] = set()
     for job_id, allocs in by_job.items():
-        job = allocs[0].job
-        jobs[job_id] = job
+        job = holders[job_id]
+        project_ids.add(job["project_id"])
         per_node: dict[int, int] = defaultdict(int)
         for a in allocs:
-            per_node[a.node_id] += 1
+            per_node[a[1]] += 1
         for node_id, count in per_node.items():
-            node_cpu[node_id] += job.cpu_milli * count // len(allocs)
-            node_mem[node_id] += job.memory_mib * count // len(allocs)
+            node_cpu[node_id] += job["cpu_milli"] * count // len(allocs)
+            node_mem[node_id] += job["memory_mib"] * count // len(allocs)
         running.append(
             RunningWork(
                 job_id=job_id,
-                project=job.project.slug,
-                priority=job.priority,
-                preemptible=(job.preemptible or job.borrowed) and job.state != JobState.PREEMPTING,
-                started_at=ts(min(a.started_at for a in allocs)),
-                min_runtime_s=job.min_runtime_s,
-                runtime_estimate_s=job.runtime_estimate_s,
+                project=job["project__slug"],
+                priority=job["priority"],
+                preemptible=(job["preemptible"] or job["borrowed"])
+                and job["state"] != JobState.PREEMPTING,
+                started_at=ts(min(a[5] for a in allocs)),
+                min_runtime_s=job["min_runtime_s"],
+                runtime_estimate_s=job["runtime_estimate_s"],
                 shares=tuple(
-                    Share(
-                        node_id=a.node_id,
-                        gpu_id=a.gpu_id,
-                        milli=a.share_milli,
-                        memory_mib=a.memory_mib,
-                    )
-                    for a in allocs
+                    Share(node_id=a[1], gpu_id=a[2], milli=a[3], memory_mib=a[4]) for a in allocs
                 ),
-                elastic_min=job.elastic_min,
-                elastic_max=job.elastic_max,
-                borrowed=job.borrowed,
-                cpu_milli=job.cpu_milli,
-                memory_mib=job.memory_mib,
+                elastic_min=job["elastic_min"],
+                elastic_max=job["elastic_max"],
+                borrowed=job["borrowed"],
+                cpu_milli=job["cpu_milli"],
+                memory_mib=job["memory_mib"],
             )
         )
 
-    gpus: dict[int, Gpu] = {}
-    node_views = []
-    for node in nodes:
-        views = []
-        for gpu in node.gpus.all():
-            gpus[gpu.pk] = gpu
-            views.append(
-                GpuView(
-                    gpu_id=gpu.pk,
-                    index=gpu.index,
-                    model=gpu.model.name,
-                    memory_mib=gpu.memory_mib,
-                    capacity_milli=gpu.capacity_milli,
-                    used_milli=used_milli[gpu.pk],
-                    used_memory_mib=used_mem[gpu.pk],
-                    sharing=gpu.sharing_mode,
-                    healthy=gpu.health != Gpu.Health.UNHEALTHY,
-                )
-            )
-        node_views.append(
-            NodeView(
-                node_id=node.pk,
-                name=node.name,
-                pool=node.pool.name,
-                gpus=tuple(views),
-                cpu_milli_free=max(0, node.cpu_milli - node_cpu[node.pk]),
-                memory_mib_free=max(0, node.memory_mib - node_mem[node.pk]),
-                labels=dict(node.labels),
-                # Ready, not fenced, and its agent has spoken: work placed here will start.
-                schedulable=node.state == Node.State.READY
-                and not node.fenced
-                and node.last_heartbeat_at is not None,
+    nodes = list(
+        Node.objects.exclude(state__in=[Node.State.RETIRED, Node.State.LOST])
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "name",
+            "pool__name",
+            "cpu_milli",
+            "memory_mib",
+            "labels",
+            "state",
+            "fenced",
+            "last_heartbeat_at",
+        )
+    )
+    gpus_of: dict[int, list[GpuView]] = defaultdict(list)
+    for gid, node_id, index, model, mem, sharing, factor, health in (
+        Gpu.objects.exclude(node__state__in=[Node.State.RETIRED, Node.State.LOST])
+        .order_by("node_id", "index")
+        .values_list(
+            "pk",
+            "node_id",
+            "index",
+            "model__name",
+            "memory_mib",
+            "sharing_mode",
+            "oversubscription",
+            "health",
+        )
+    ):
+        gpus_of[node_id].append(
+            GpuView(
+                gpu_id=gid,
+                index=index,
+                model=model,
+                memory_mib=mem,
+                capacity_milli=1000 if sharing == Gpu.SharingMode.EXCLUSIVE else 1000 * factor,
+                used_milli=used_milli[gid],
+                used_memory_mib=used_mem[gid],
+                sharing=sharing,
+                healthy=health != Gpu.Health.UNHEALTHY,
             )
         )
+    node_views = [
+        NodeView(
+            node_id=pk,
+            name=name,
+            pool=pool,
+            gpus=tuple(gpus_of[pk]),
+            cpu_milli_free=max(0, cpu - node_cpu[pk]),
+            memory_mib_free=max(0, mem - node_mem[pk]),
+            labels=dict(labels),
+            # Ready, not fenced, and its agent has spoken: work placed here will start.
+            schedulable=state == Node.State.READY and not fenced and heartbeat is not None,
+        )
+        for pk, name, pool, cpu, mem, labels, state, fenced, heartbeat in nodes
+    ]
 
     queued = list(
         Job.objects.filter(state=JobState.QUEUED)
-        .select_related("project", "gpu_model", "pool")
         .order_by("queued_at", "pk")
+        .values(*QUEUED_FIELDS, "project_id")
     )
-    queued += extra_jobs or []
     recent = now - timedelta(seconds=PREEMPTION_MEMORY_S)
     preempted_by: dict[int, set[int]] = defaultdict(set)
     for job_id, data in JobEvent.objects.filter(
-        job__in=[j.pk for j in queued if j.pk], to_state=JobState.PREEMPTING, created_at__gte=recent
+        job__state=JobState.QUEUED, to_state=JobState.PREEMPTING, created_at__gte=recent
     ).values_list("job_id", "data"):
         if isinstance(data, dict) and data.get("for_job"):
             preempted_by[job_id].add(int(data["for_job"]))
-    queue = [job_request(j, preempted_by=frozenset(preempted_by[j.pk])) for j in queued]
-    for j in queued:
-        jobs[j.pk] = j
+    queue = [_request(r, frozenset(preempted_by[r["pk"]])) for r in queued]
+    pending_now = {
+        r["pk"]: (
+            r["pending_reason"],
+            r["pending_message"],
+            r["queue_position"],
+            r["estimated_start_at"],
+        )
+        for r in queued
+    }
+    project_ids |= {r["project_id"] for r in queued}
+    for extra in extra_jobs or []:
+        queue.append(job_request(extra))
+        if extra.project_id:
+            project_ids.add(extra.project_id)
 
-    project_ids = {j.project_id for j in jobs.values()}
     quotas = (
         Quota.objects.filter(project_id__in=project_ids)
         .select_related("project")
@@ -232,7 +336,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     )
     over_budget = hooks.projects_over_budget(project_ids)
     reserved = hooks.reserved_gpus_by_project(now)
-    usage = _decayed_usage(list(project_ids), now)
+    usage = _decayed_usage(project_ids, now)
     project_quotas = {
         q.project.slug: ProjectQuota(
             max_gpus=q.max_gpus,
@@ -245,7 +349,8 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         for q in quotas
     }
     model_precisions = {
-        m.name: frozenset(m.precisions) for m in GpuModel.objects.only("name", "precisions")
+        name: frozenset(precisions)
+        for name, precisions in GpuModel.objects.values_list("name", "precisions")
     }
     snapshot = Snapshot(
         nodes=tuple(node_views),
@@ -253,7 +358,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         quotas=project_quotas,
         model_precisions=model_precisions,
     )
-    return ClusterState(snapshot=snapshot, queue=queue, jobs=jobs, gpus=gpus)
+    return ClusterState(snapshot=snapshot, queue=queue, pending_now=pending_now)
 
 
 def policy_config() -> PolicyConfig:
@@ -413,19 +518,21 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
 def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
     """Write why each unplaced job waits. Advisory, so it never waits for a lock: a job that
     another transaction holds right now keeps its old reason until the next cycle."""
-    changed = {}
+    changed: dict[int, Job] = {}
     for job_id, pending in decided.pending.items():
-        job = state.jobs.get(job_id)
-        if job is None or job_id in placed or job_id < 0:
+        old = state.pending_now.get(job_id)
+        if old is None or job_id in placed:
             continue
         estimated = from_ts(pending.estimated_start) if pending.estimated_start else None
         new = (pending.reason.value, pending.message[:500], pending.position, estimated)
-        old = (job.pending_reason, job.pending_message, job.queue_position, job.estimated_start_at)
         if new != old:
-            job.pending_reason, job.pending_message, job.queue_position, job.estimated_start_at = (
-                new
+            changed[job_id] = Job(
+                pk=job_id,
+                pending_reason=new[0],
+                pending_message=new[1],
+                queue_position=new[2],
+                estimated_start_at=new[3],
             )
-            changed[job_id] = job
     if not changed:
         return 0
     with transaction.atomic():
