@@ -18,10 +18,24 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
+def lock_key(name: str) -> str:
+    """Namespaced like the cache, so two deployments (or test runs) on one Redis never share."""
+    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
+    return f"{prefix}:lock:{name}" if prefix else f"lock:{name}"
+
+
+def lock_clear(name: str) -> None:
+    """Drop a lock whose holder died (operators and tests; the TTL does it otherwise)."""
+    if settings.REDIS_URL:
+        redis_client().delete(lock_key(name))
+    else:
+        django_cache.delete(lock_key(name))
+
+
 @contextmanager
 def single_flight(name: str, *, ttl: float) -> Iterator[bool]:
     """Yield True if this process holds `name` for up to `ttl` seconds, else False at once."""
-    key = f"lock:{name}"
+    key = lock_key(name)
     if settings.REDIS_URL:
         lock = redis_client().lock(key, timeout=ttl, blocking=False)
         acquired = lock.acquire(blocking=False)

@@ -15,10 +15,11 @@ from scheduler.cycle import run_cycle
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="scheduler.cycle", ignore_result=True, time_limit=120, soft_time_limit=100)
+@shared_task(name="scheduler.cycle", ignore_result=True, time_limit=60, soft_time_limit=50)
 def scheduling_cycle() -> dict[str, int] | None:
     """One scheduling cycle, single-flight: a cycle already running makes this one a no-op."""
-    with single_flight("scheduler-cycle", ttl=110) as acquired:
+    # The lock outlives the hard time limit, so a killed cycle frees it within a minute.
+    with single_flight("scheduler-cycle", ttl=65) as acquired:
         if not acquired:
             return None
         result = run_cycle()

@@ -13,7 +13,11 @@ from portal.celery import app
 
 @pytest.fixture
 def celery_live_worker(transactional_db) -> Iterator[object]:
+    from portal.locks import lock_clear
+
     app.conf.task_always_eager = False
+    for name in ("scheduler-cycle", "autoscaler"):
+        lock_clear(name)  # a worker killed by an earlier test may have left one behind
     with start_worker(
         app,
         pool="threads",
