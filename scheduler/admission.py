@@ -243,11 +243,13 @@ def admission_verdict(*, project: Project, quota: Quota, spec: JobSpec, now: dat
     return Verdict(True, borrowed=borrowed, reason=reason, quota_notes=tuple(notes))
 
 
-def _job_from_spec(spec: JobSpec, *, project: Project, user: User, shard: int | None) -> Job:
+def job_from_spec(
+    spec: JobSpec, *, project: Project, user: User | None = None, shard: int | None = None
+) -> Job:
+    """An unsaved Job for a spec (one shard of it, for array jobs)."""
     name = spec.name if shard is None else f"{spec.name}[{shard}]"
-    return Job(
+    job = Job(
         project=project,
-        submitted_by=user,
         name=name[:100],
         source=spec.source,
         command=spec.command,
@@ -274,6 +276,9 @@ def _job_from_spec(spec: JobSpec, *, project: Project, user: User, shard: int | 
         shard_index=shard,
         shard_count=spec.shard_count if shard is not None else None,
     )
+    if user is not None:
+        job.submitted_by = user
+    return job
 
 
 @transaction.atomic
@@ -290,7 +295,7 @@ def job_submit(
     shards = [None] if spec.shard_count == 1 else list(range(spec.shard_count))
     jobs: list[Job] = []
     for shard in shards:
-        job = _job_from_spec(spec, project=project, user=actor, shard=shard)
+        job = job_from_spec(spec, project=project, user=actor, shard=shard)
         if jobs:
             job.array_parent = jobs[0]
         job.borrowed = verdict.borrowed

@@ -13,7 +13,13 @@ from django.utils import timezone
 
 from portal.models import Project, Quota
 from scheduler import hooks
-from scheduler.admission import JobSpec, Verdict, admission_verdict, spec_validate
+from scheduler.admission import (
+    JobSpec,
+    Verdict,
+    admission_verdict,
+    job_from_spec,
+    spec_validate,
+)
 from scheduler.core.plan import plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
@@ -40,29 +46,8 @@ class DryRun:
 
 
 def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
-    job = Job(
-        pk=DRY_RUN_ID,
-        project=project,
-        name=spec.name,
-        command=spec.command,
-        gpus=spec.gpus,
-        gpu_milli=spec.gpu_milli,
-        gpu_memory_mib=spec.gpu_memory_mib,
-        gpu_model=spec.gpu_model,
-        min_gpu_memory_gb=spec.min_gpu_memory_gb,
-        precisions=list(spec.precisions),
-        nodes=spec.nodes,
-        gpus_per_node=spec.gpus_per_node,
-        cpu_milli=spec.cpu_milli,
-        memory_mib=spec.memory_mib,
-        priority=spec.priority,
-        preemptible=spec.preemptible,
-        runtime_estimate_s=spec.runtime_estimate_s,
-        elastic_min=spec.elastic_min,
-        elastic_max=spec.elastic_max,
-        state=JobState.QUEUED,
-    )
-    job.queued_at = now
+    job = job_from_spec(spec, project=project)
+    job.pk, job.state, job.queued_at = DRY_RUN_ID, JobState.QUEUED, now
     return job
 
 
