@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 @shared_task(name="scheduler.cycle", ignore_result=True, time_limit=60, soft_time_limit=50)
 def scheduling_cycle() -> dict[str, int] | None:
     """One scheduling cycle, single-flight: a cycle already running makes this one a no-op."""
+    cache.delete(CYCLE_REQUESTED)  # requests from now on need a cycle after this one
     # The lock outlives the hard time limit, so a killed cycle frees it within a minute.
     with single_flight("scheduler-cycle", ttl=65) as acquired:
         if not acquired:
@@ -43,12 +44,20 @@ def scheduling_cycle() -> dict[str, int] | None:
     }
 
 
+CYCLE_REQUESTED = "scheduler:cycle-requested"
+
+
 def request_cycle() -> None:
-    """Ask for a cycle now (job submitted or ended). Call after commit."""
+    """Ask for a cycle soon (job submitted or ended). Call after commit.
+
+    Requests coalesce: while one cycle is already queued, more requests add nothing, since
+    that cycle sees every job queued before it starts.
+    """
     if getattr(settings, "SCHEDULER_SYNC_CYCLE", False):
         scheduling_cycle.apply()
         return
-    scheduling_cycle.delay()
+    if cache.add(CYCLE_REQUESTED, 1, timeout=5):
+        scheduling_cycle.delay()
 
 
 @shared_task(name="scheduler.health_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)

@@ -131,9 +131,10 @@ def _fresh_short_lived_cache():
     """Cached views of the cluster must not leak from one test's fleet into the next."""
     from django.core.cache import cache
 
-    cache.delete("scheduler:model-availability")
+    keys = ["scheduler:model-availability", "scheduler:cycle-requested"]
+    cache.delete_many(keys)
     yield
-    cache.delete("scheduler:model-availability")
+    cache.delete_many(keys)
 
 
 from tests.stack_fixtures import agents  # noqa: E402,F401
