@@ -29,3 +29,17 @@ def test_cycle_is_single_flight(celery_live_worker, team, fleet):
         assert held
         assert scheduling_cycle.apply().get() is None  # another holder: this cycle is a no-op
     assert scheduling_cycle.apply().get() == {"placed": 0, "preempted": 0, "pending": 0}
+
+
+@pytest.mark.django_db
+def test_cycle_requests_coalesce_while_one_is_queued(settings):
+    from portal.locks import redis_client
+    from scheduler.tasks import request_cycle
+
+    queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "scheduler"
+    client = redis_client()
+    client.delete(queue)
+    for _ in range(3):
+        request_cycle()
+    assert client.llen(queue) == 1
+    client.delete(queue)
