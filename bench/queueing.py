@@ -87,8 +87,9 @@ def main() -> int:
             f"{' and '.join(map(str, sizes))} GPUs, every event driving the same `plan()` as "
             "production with the default scorer. Runtime estimates are the true durations. "
             "`fcfs` is strict (no backfill); `backfill` is FCFS + EASY; `priority` and `fairshare` "
-            "use EASY backfill too and synthetic priority classes / projects (Philly has neither), "
-            "`priority` also preempts. `oracle-srtf` is preemptive shortest-remaining-time-first "
+            "use EASY backfill too and synthetic priority classes / projects (Philly has neither); "
+            "preemption is off (Philly jobs cannot resume from a checkpoint). `oracle-srtf` is "
+            "preemptive shortest-remaining-time-first "
             "on a fungible GPU pool with free preemption: a lower bound, not a real policy.",
             "",
             table,

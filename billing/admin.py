@@ -257,3 +257,22 @@ class StripeEventAdmin(ReadOnlyAdmin):
     list_display = ["received_at", "event_id", "type", "created", "outcome"]
     list_filter = ["type"]
     search_fields = ["event_id"]
+
+
+from billing.models import AllocationMeter, CreditApplication, InvoiceLine  # noqa: E402
+from portal.admin import ReadOnlyAdmin  # noqa: E402
+
+
+@admin.register(AllocationMeter)
+class AllocationMeterAdmin(ReadOnlyAdmin):
+    list_display = ["__str__"]
+
+
+@admin.register(CreditApplication)
+class CreditApplicationAdmin(ReadOnlyAdmin):
+    list_display = ["__str__"]
+
+
+@admin.register(InvoiceLine)
+class InvoiceLineAdmin(ReadOnlyAdmin):
+    list_display = ["__str__"]

@@ -22,3 +22,22 @@ class NotificationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 @admin.register(FleetSnapshot)
 class FleetSnapshotAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("at", "model_name", "free_gpus", "largest_gang", "frag_ratio")
+
+
+from monitoring.models import ClusterRollup, GpuRollup, RollupFlush  # noqa: E402
+from portal.admin import ReadOnlyAdmin  # noqa: E402
+
+
+@admin.register(GpuRollup)
+class GpuRollupAdmin(ReadOnlyAdmin):
+    list_display = ["__str__"]
+
+
+@admin.register(ClusterRollup)
+class ClusterRollupAdmin(ReadOnlyAdmin):
+    list_display = ["__str__"]
+
+
+@admin.register(RollupFlush)
+class RollupFlushAdmin(ReadOnlyAdmin):
+    list_display = ["__str__"]

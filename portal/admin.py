@@ -126,3 +126,23 @@ class AuditEventAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """For rows that only the system writes (ledgers, rollups, logs): operators look, never edit."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(QuotaModelLimit)
+class QuotaModelLimitAdmin(AuditedAdmin):
+    list_display = ["quota", "gpu_model", "max_gpus"]
+    list_filter = ["gpu_model"]
+    search_fields = ["quota__project__slug"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from portal.admin import AuditedAdmin
+from portal.admin import AuditedAdmin, ReadOnlyAdmin
 from scheduler.models import (
     Allocation,
     Autoscaler,
@@ -14,6 +14,7 @@ from scheduler.models import (
     GpuModel,
     Job,
     JobEvent,
+    LogChunk,
     Node,
     NodeEvent,
     Pool,
@@ -153,3 +154,24 @@ class AutoscalerAdmin(AuditedAdmin):
     ]
     list_filter = ["enabled", "provider", "pool"]
     inlines = [AutoscalerDecisionInline]
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "job", "from_state", "to_state", "actor_label", "reason"]
+    list_filter = ["to_state"]
+    search_fields = ["job__name", "reason", "actor_label"]
+    list_select_related = ["job"]
+
+
+@admin.register(LogChunk)
+class LogChunkAdmin(ReadOnlyAdmin):
+    list_display = ["job", "attempt", "stream", "seq", "created_at"]
+    list_filter = ["stream"]
+    search_fields = ["job__name"]
+
+
+@admin.register(AutoscalerDecision)
+class AutoscalerDecisionAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "autoscaler", "action", "count", "reason"]
+    list_filter = ["action", "autoscaler"]

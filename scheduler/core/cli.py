@@ -63,7 +63,9 @@ def parse_seeds(text: str) -> list[int]:
             else:
                 out.append(int(part))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad seed list {text!r}; use e.g. 42-51 or 42,43") from None
+        raise argparse.ArgumentTypeError(
+            f"bad seed list {text!r}; use e.g. 42-51 or 42,43"
+        ) from None
     if not out:
         raise argparse.ArgumentTypeError("no seeds given")
     return out
@@ -74,7 +76,9 @@ def trace_name(path: str) -> str:
     return stem.removeprefix("openb_pod_list_")
 
 
-def write_table(rows: Sequence[Sequence[object]], columns: Sequence[str], fmt: str, out: TextIO) -> None:
+def write_table(
+    rows: Sequence[Sequence[object]], columns: Sequence[str], fmt: str, out: TextIO
+) -> None:
     def cell(v: object) -> str:
         if isinstance(v, float):
             return f"{v:.2f}" if abs(v) < 1e6 else f"{v:.0f}"

@@ -29,7 +29,7 @@ from scheduler.core.model import (
     TaskShape,
 )
 from scheduler.core.scorers import FragModel, Scorer, choose_row, make_scorer
-from scheduler.core.state import ClusterState, Demand
+from scheduler.core.state import BoolArray, ClusterState, Demand
 from scheduler.core.traces import NodeRow, PodRow
 
 TYPICAL_COVERAGE = 0.95
@@ -90,7 +90,7 @@ def cluster_from_nodes(nodes: Sequence[NodeRow]) -> ClusterState:
             st.gpu_model[r, c] = midx[n.model]
             st.gpu_share_ok[r, c] = True
             gid += 1
-    st.__post_init__()
+    st.reindex()
     return st
 
 
@@ -203,7 +203,7 @@ def _place_one(
     st: ClusterState,
     scorer: Scorer,
     d: Demand,
-    node_ok: np.ndarray,  # type: ignore[type-arg]
+    node_ok: BoolArray,
     rng: np.random.Generator,
 ) -> bool:
     rows, usable = st.feasible_nodes(d, node_ok)
@@ -276,7 +276,7 @@ def _place_batch(
         backfill=False,
         strict_order=False,
         preemption=False,
-        seed=seed + first_id,
+        seed=seed + 1,  # the same node tie-break order as one-at-a-time placement
         typical_shapes=tuple(shapes),
         estimate_starts=False,
         spread_gangs=False,

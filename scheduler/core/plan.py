@@ -19,7 +19,15 @@ from types import MappingProxyType
 
 import numpy as np
 
-from scheduler.core.model import MILLI, JobRequest, ProjectQuota, RunningWork, Share, Snapshot, TaskShape
+from scheduler.core.model import (
+    MILLI,
+    JobRequest,
+    ProjectQuota,
+    RunningWork,
+    Share,
+    Snapshot,
+    TaskShape,
+)
 from scheduler.core.reasons import PendingReason
 from scheduler.core.scorers import FirstFitScorer, Scorer, choose_row, make_scorer
 from scheduler.core.state import BoolArray, ClusterState, Demand
@@ -153,7 +161,9 @@ def order_queue(
             acc[j.project] += j.gpu_milli_total / MILLI * hours
         keyed.sort(key=lambda k: k[:3])
         return [k[3] for k in keyed]
-    raise ValueError(f"unknown queue policy {config.queue!r}; choose one of {', '.join(QUEUE_POLICIES)}")
+    raise ValueError(
+        f"unknown queue policy {config.queue!r}; choose one of {', '.join(QUEUE_POLICIES)}"
+    )
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -240,6 +250,17 @@ class _Planner:
         self.usage = usage
         self.running = [w for w in running if any(self.st.loc_of_gpu(s.gpu_id) for s in w.shares)]
         self.gone: set[int] = set()  # running jobs chosen as victims
+        self.elastic_running = [w for w in self.running if w.elastic_min is not None]
+        # preemption order: borrowed work first, then lowest priority, least GPU-time lost
+        self.victim_order = sorted(
+            self.running,
+            key=lambda w: (
+                0 if w.borrowed else 1,
+                w.priority,
+                w.gpu_milli_total * max(0.0, now - w.started_at),
+                w.job_id,
+            ),
+        )
         self.shrunk: dict[int, list[Share]] = {}
         self.placements: list[Placement] = []
         self.placed_ends: list[tuple[float | None, int, list[_Take]]] = []
@@ -253,6 +274,12 @@ class _Planner:
         self.capacity_blocked = False
         self.n_pending = 0
         self.n_estimates = 0
+        # requests already found not to fit since the cluster state last changed
+        self.epoch = 0
+        self.no_fit: set[tuple[object, ...]] = set()
+        self.mask_cache: dict[
+            tuple[object, ...], tuple[BoolArray, BoolArray, tuple[PendingReason, str] | None]
+        ] = {}
 
     # ------------------------------------------------------------------ masks
     def node_mask(self, job: JobRequest) -> BoolArray:
@@ -389,7 +416,9 @@ class _Planner:
         for t in takes:
             st.take(t.row, t.cols, t.milli, t.gpu_mem, t.cpu, t.mem)
 
-    def release(self, st: ClusterState, w: RunningWork, shares: Sequence[Share] | None = None) -> None:
+    def release(
+        self, st: ClusterState, w: RunningWork, shares: Sequence[Share] | None = None
+    ) -> None:
         shares = w.shares if shares is None else shares
         per_row: dict[int, int] = defaultdict(int)
         for s in shares:
@@ -420,7 +449,9 @@ class _Planner:
         for k in sizes:
             need = job.gpu_milli if job.is_fraction else k * MILLI
             if q.max_gpus is not None and used + need > q.max_gpus * MILLI:
-                why = f"{used / MILLI:g} of {q.max_gpus} GPUs in use, this job needs {need / MILLI:g}"
+                why = (
+                    f"{used / MILLI:g} of {q.max_gpus} GPUs in use, this job needs {need / MILLI:g}"
+                )
                 continue
             ok = model_ok.copy()
             for i, m in enumerate(self.st.models):
@@ -499,16 +530,16 @@ class _Planner:
         if q is not None and q.budget_exhausted:
             self.pend(job, PendingReason.BUDGET)
             return
-        node_ok = self.node_mask(job)
-        model_ok = self.model_mask(job)
-        static = self.static_check(job, node_ok, model_ok)
+        node_ok, model_ok, static = self.request_masks(job)
         if static is not None:
             self.pend(job, static[0], static[1])
             return
         q_models, q_why, admitted = self.quota_models(job, model_ok)
         borrowed = False
         if admitted < job.total_gpus:  # elastic job admitted smaller to stay within quota
-            job = replace(job, gpus=admitted, elastic_min=min(job.elastic_min or admitted, admitted))
+            job = replace(
+                job, gpus=admitted, elastic_min=min(job.elastic_min or admitted, admitted)
+            )
         if not q_models.any():
             if q is not None and q.allow_borrowing:
                 borrowed, q_models = True, model_ok
@@ -528,16 +559,21 @@ class _Planner:
         models = q_models
         if not borrowed and need_gpus:
             models = q_models & self.protected_models(job, need_gpus)
-        takes = self.find(self.st, job, node_ok, models, blocked)
-        if takes is None and not borrowed and need_gpus and (models != q_models).any():
-            # only other projects' reserved GPUs are idle: borrow them, preemptibly
-            takes = self.find(self.st, job, node_ok, q_models, blocked)
-            borrowed = takes is not None
-        takes = takes or self.find_elastic(job, node_ok, models, blocked)
+        key = self.shape_key(job, models, borrowed, blocked is None)
+        takes = None
+        if key not in self.no_fit:
+            takes = self.find(self.st, job, node_ok, models, blocked)
+            if takes is None and not borrowed and need_gpus and (models != q_models).any():
+                # only other projects' reserved GPUs are idle: borrow them, preemptibly
+                takes = self.find(self.st, job, node_ok, q_models, blocked)
+                borrowed = takes is not None
+            takes = takes or self.find_elastic(job, node_ok, models, blocked)
+            if takes is None:
+                self.no_fit.add(key)
         if takes is not None:
             self.place(job, takes, borrowed)
             return
-        if blocked is not None and self.find(self.st, job, node_ok, models, None) is not None:
+        if blocked is not None and self.fits_unblocked(job, node_ok, models, borrowed):
             self.pend(
                 job,
                 PendingReason.BLOCKED_BY_RESERVATION,
@@ -549,9 +585,68 @@ class _Planner:
             return
         if self.cfg.elastic and self.try_shrink(job, node_ok, models, borrowed):
             return
-        if self.cfg.preemption and self.try_preempt(job, node_ok, models, borrowed):
-            return
+        pkey = (*key, "preempt", job.priority, job.preempted_by)
+        if self.cfg.preemption and pkey not in self.no_fit:
+            if self.try_preempt(job, node_ok, models, borrowed):
+                return
+            self.no_fit.add(pkey)
         self.blocked_for_capacity(job, node_ok, models)
+
+    def request_masks(
+        self, job: JobRequest
+    ) -> tuple[BoolArray, BoolArray, tuple[PendingReason, str] | None]:
+        key = (
+            job.pool,
+            tuple(sorted(job.node_selector.items())),
+            job.models,
+            job.min_gpu_memory_mib,
+            job.precisions,
+            job.gpus,
+            job.gpu_milli,
+            job.gpu_memory_mib,
+            job.nodes,
+            job.gpus_per_node,
+            job.elastic_min,
+        )
+        hit = self.mask_cache.get(key)
+        if hit is None:
+            node_ok = self.node_mask(job)
+            model_ok = self.model_mask(job)
+            hit = (node_ok, model_ok, self.static_check(job, node_ok, model_ok))
+            self.mask_cache[key] = hit
+        return hit
+
+    def shape_key(
+        self, job: JobRequest, models: BoolArray, borrowed: bool, unblocked: bool
+    ) -> tuple[object, ...]:
+        return (
+            self.epoch,
+            len(self.gone),
+            job.gpus,
+            job.gpu_milli,
+            job.gpu_memory_mib,
+            job.nodes,
+            job.gpus_per_node,
+            job.cpu_milli,
+            job.memory_mib,
+            job.elastic_min,
+            job.pool,
+            tuple(sorted(job.node_selector.items())),
+            models.tobytes(),
+            borrowed,
+            unblocked,
+        )
+
+    def fits_unblocked(
+        self, job: JobRequest, node_ok: BoolArray, models: BoolArray, borrowed: bool
+    ) -> bool:
+        key = self.shape_key(job, models, borrowed, True)
+        if key in self.no_fit:
+            return False
+        if self.find(self.st, job, node_ok, models, None) is not None:
+            return True
+        self.no_fit.add(key)
+        return False
 
     def find_elastic(
         self, job: JobRequest, node_ok: BoolArray, model_ok: BoolArray, blocked: BoolArray | None
@@ -627,6 +722,7 @@ class _Planner:
         nodes = tuple(dict.fromkeys(int(self.st.node_ids[t.row]) for t in takes))
         gpus = sum(len(t.cols) for t in takes)
         self.placements.append(Placement(job.job_id, shares, borrowed, nodes, gpus))
+        self.epoch += 1
         end = None if job.runtime_estimate_s is None else self.now + job.runtime_estimate_s
         self.placed_ends.append((end, job.job_id, takes))
 
@@ -644,24 +740,56 @@ class _Planner:
         ev.sort(key=lambda e: (e[0], e[1]))
         return ev
 
+    def _release_event(self, st: ClusterState, what: RunningWork | list[_Take]) -> None:
+        if isinstance(what, list):
+            for t in what:
+                for c in t.cols:
+                    milli = t.milli if t.milli < MILLI else int(st.gpu_cap[t.row, c])
+                    st.give(t.row, c, milli, t.gpu_mem)
+                st.give_cpu(t.row, t.cpu, t.mem)
+        else:
+            self.release(st, what, self.shrunk.get(what.job_id, what.shares))
+
     def earliest(
         self, job: JobRequest, node_ok: BoolArray, model_ok: BoolArray
     ) -> tuple[float | None, int | None, list[_Take] | None]:
+        """When the job would fit if running work ended as estimated (unknown ends last).
+
+        Fitting only gets easier as work ends, so gallop over the release events, then
+        binary-search the first one after which the job fits: O(log n) placement checks.
+        """
         st = self.st.copy()
         for w in self.running:
             if w.job_id in self.gone:
                 self.release(st, w)
-        for t_end, jid, what in self.release_events():
-            if isinstance(what, list):
-                for t in what:
-                    for c in t.cols:
-                        st.give(t.row, c, t.milli if t.milli < MILLI else int(st.gpu_cap[t.row, c]), t.gpu_mem)
-                    st.give_cpu(t.row, t.cpu, t.mem)
-            else:
-                self.release(st, what, self.shrunk.get(what.job_id, what.shares))
-            takes = self.find(st, job, node_ok, model_ok, None, self.first_fit)
-            if takes is not None:
-                return (None if math.isinf(t_end) else t_end), jid, takes
+        events = self.release_events()
+
+        def fits(state: ClusterState) -> list[_Take] | None:
+            return self.find(state, job, node_ok, model_ok, None, self.first_fit)
+
+        done, step = 0, 1
+        while done < len(events):
+            upto = min(len(events), done + step)
+            lo_state = st.copy()
+            for _t, _j, what in events[done:upto]:
+                self._release_event(st, what)
+            if fits(st) is not None:
+                lo, hi = done, upto  # does not fit after `lo` events, fits after `hi`
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    trial = lo_state.copy()
+                    for _t, _j, what in events[lo:mid]:
+                        self._release_event(trial, what)
+                    if fits(trial) is not None:
+                        hi = mid
+                    else:
+                        lo, lo_state = mid, trial
+                final = lo_state
+                for _t, _j, what in events[lo:hi]:
+                    self._release_event(final, what)
+                t_end, jid, _what = events[hi - 1]
+                return (None if math.isinf(t_end) else t_end), jid, fits(final)
+            done, step = upto, step * 2
         return None, None, None
 
     def maybe_estimate(
@@ -673,7 +801,9 @@ class _Planner:
         t, jid, _ = self.earliest(job, node_ok, model_ok)
         return (t, jid) if t is not None else None
 
-    def blocked_for_capacity(self, job: JobRequest, node_ok: BoolArray, model_ok: BoolArray) -> None:
+    def blocked_for_capacity(
+        self, job: JobRequest, node_ok: BoolArray, model_ok: BoolArray
+    ) -> None:
         first = not self.capacity_blocked
         self.capacity_blocked = True
         estimate: tuple[float, int | None] | None = None
@@ -711,11 +841,10 @@ class _Planner:
     ) -> bool:
         cands = [
             w
-            for w in self.running
-            if w.elastic_min is not None
-            and w.job_id not in self.gone
+            for w in self.elastic_running
+            if w.job_id not in self.gone
             and w.priority <= job.priority
-            and len(self.shrunk.get(w.job_id, w.shares)) > w.elastic_min
+            and len(self.shrunk.get(w.job_id, w.shares)) > (w.elastic_min or 0)
         ]
         if not cands:
             return False
@@ -737,6 +866,7 @@ class _Planner:
                         keep = [x for x in self.shrunk.get(wid, ww.shares) if x not in shares]
                         self.shrunk[wid] = keep
                         self.resizes.append(Resize(wid, len(keep), release=tuple(shares)))
+                    self.epoch += 1
                     takes = self.find(self.st, job, node_ok, model_ok, self.backfill_block(job))
                     assert takes is not None
                     self.place(job, takes, borrowed)
@@ -770,7 +900,12 @@ class _Planner:
                     if len(added) >= want:
                         break
                     added.append(
-                        Share(int(st.node_ids[row]), int(st.gpu_ids[row, c]), int(st.gpu_cap[row, c]), int(st.gpu_mem_left[row, c]))
+                        Share(
+                            int(st.node_ids[row]),
+                            int(st.gpu_ids[row, c]),
+                            int(st.gpu_cap[row, c]),
+                            int(st.gpu_mem_left[row, c]),
+                        )
                     )
                     st.take(row, [c], MILLI, 0, 0, 0)
                     idle[row, c] = False
@@ -793,21 +928,14 @@ class _Planner:
             # borrowed work is reclaimed by in-quota work of another project, any priority
             return w.borrowed and not borrowed and w.project != job.project
 
-        cands = [w for w in self.running if eligible(w)]
-        if not cands:
-            return False
-        cands.sort(
-            key=lambda w: (
-                0 if w.borrowed else 1,
-                w.priority,
-                w.gpu_milli_total * max(0.0, self.now - w.started_at),
-                w.job_id,
-            )
-        )
         st = self.st.copy()
         chosen: list[RunningWork] = []
         found = False
-        for w in cands:
+        for w in self.victim_order:
+            if not w.borrowed and w.priority >= job.priority:
+                break  # sorted: borrowed work first, then by priority; nothing eligible follows
+            if not eligible(w):
+                continue
             self.release(st, w, self.shrunk.get(w.job_id, w.shares))
             chosen.append(w)
             if self.find(st, job, node_ok, model_ok, None, self.first_fit) is not None:
@@ -871,17 +999,19 @@ def plan(
     for w in snapshot.running:
         if w.borrowed:
             continue
-        usage.total[w.project] += w.gpu_milli_total
-        for s in w.shares:
+        for s in w.shares:  # a whole oversubscribed GPU still counts as one GPU
+            usage.total[w.project] += min(s.milli, MILLI)
             m = model_of.get(s.gpu_id, "")
             if m:
-                usage.model[(w.project, m)] += s.milli
+                usage.model[(w.project, m)] += min(s.milli, MILLI)
     parts: list[tuple[PolicyConfig, Snapshot, list[JobRequest]]] = []
     special = set(config.pools)
     for pool, cfg in sorted(config.pools.items()):
         nodes = tuple(n for n in snapshot.nodes if n.pool == pool)
         jobs = [j for j in queue if j.pool == pool]
-        parts.append((replace(cfg, pools=MappingProxyType({})), replace(snapshot, nodes=nodes), jobs))
+        parts.append(
+            (replace(cfg, pools=MappingProxyType({})), replace(snapshot, nodes=nodes), jobs)
+        )
     rest_nodes = tuple(n for n in snapshot.nodes if n.pool not in special)
     rest_jobs = [j for j in queue if j.pool not in special]
     parts.append((config, replace(snapshot, nodes=rest_nodes), rest_jobs))

@@ -8,8 +8,10 @@ is the usual convention for SJF and EASY backfill studies.
 Queue policies: ``fcfs`` (strict: later jobs wait behind a blocked head), ``backfill`` (FCFS with
 EASY backfill), ``sjf``, ``priority`` and ``fairshare``. Philly has neither priorities nor
 projects, so each job gets a synthetic priority class (0-2) and project (p0-p3) from its index;
-they only matter to those two policies. ``oracle-srtf`` is the lower bound: preemptive
-shortest-remaining-time-first on a fungible pool of GPUs, with free and instant preemption.
+they only matter to those two policies. Preemption is off in this replay: a preempted Philly
+job would restart from scratch (the trace has no checkpoints), which only measures restart
+waste. ``oracle-srtf`` is the lower bound: preemptive shortest-remaining-time-first on a
+fungible pool of GPUs, with free and instant preemption.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from scheduler.core.model import MILLI, GpuView, JobRequest, NodeView, ProjectQuota, RunningWork, Share, Snapshot
+from scheduler.core.model import (
+    MILLI,
+    GpuView,
+    JobRequest,
+    NodeView,
+    ProjectQuota,
+    RunningWork,
+    Share,
+    Snapshot,
+)
 from scheduler.core.plan import PolicyConfig, plan
 from scheduler.core.traces import JobRow
 
@@ -55,7 +66,7 @@ def _config(policy: str, scorer: str, seed: int) -> PolicyConfig:
     if policy == "sjf":
         return replace(base, queue="sjf", backfill=False, strict_order=False)
     if policy == "priority":
-        return replace(base, queue="priority", backfill=True, preemption=True)
+        return replace(base, queue="priority", backfill=True)
     if policy == "fairshare":
         return replace(base, queue="fairshare", backfill=True)
     raise ValueError(

@@ -41,7 +41,9 @@ class PendingReason(enum.StrEnum):
         head = _HEADLINES[self].format(what=what, detail=detail).rstrip(": ")
         parts = [head]
         if self.can_start_later and self not in (PendingReason.BUDGET, PendingReason.QUOTA):
-            parts.append("no job ahead" if ahead == 0 else f"{ahead} job{'s' if ahead != 1 else ''} ahead")
+            parts.append(
+                "no job ahead" if ahead == 0 else f"{ahead} job{'s' if ahead != 1 else ''} ahead"
+            )
             if estimated_start is not None:
                 when = f"estimated start {format_when(estimated_start, now)}"
                 if ending_job is not None and estimated_start > now:

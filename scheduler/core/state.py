@@ -82,9 +82,16 @@ class ClusterState:
     _row_of_node: dict[int, int] = field(default_factory=dict)
     _col_of_gpu: dict[int, tuple[int, int]] = field(default_factory=dict)
 
+    _affinity_shared: bool = False
+
     def __post_init__(self) -> None:
         if self.version.shape[0] != self.n_nodes:
             self.version = np.zeros(self.n_nodes, dtype=np.int64)
+        if self._row_of_node and len(self._row_of_node) == self.n_nodes:
+            return  # a copy: the layout indexes are shared
+        self.reindex()
+
+    def reindex(self) -> None:
         self._row_of_node = {int(n): i for i, n in enumerate(self.node_ids)}
         self._col_of_gpu = {}
         rows, cols = np.nonzero(self.gpu_ids >= 0)
@@ -151,7 +158,7 @@ class ClusterState:
                     st.gpu_left[r, c] = gv.free_milli
                     st.gpu_mem_left[r, c] = gv.free_memory_mib
                     st.gpu_share_ok[r, c] = gv.sharing in FRACTIONAL_SHARING
-        st.__post_init__()
+        st.reindex()
         by_row: dict[int, list[tuple[int, int]]] = {}
         for w in snap.running:
             per_row: Counter[int] = Counter()
@@ -186,11 +193,20 @@ class ClusterState:
             gpu_model=self.gpu_model,
             gpu_share_ok=self.gpu_share_ok,
             models=self.models,
-            affinity=[Counter(a) for a in self.affinity],
+            affinity=self.affinity,  # copied on first write
             version=self.version.copy(),
+            _row_of_node=self._row_of_node,
+            _col_of_gpu=self._col_of_gpu,
         )
+        st._affinity_shared = True
+        self._affinity_shared = True
         st.tie_rank = self.tie_rank
         return st
+
+    def _own_affinity(self) -> None:
+        if self._affinity_shared:
+            self.affinity = [Counter(a) for a in self.affinity]
+            self._affinity_shared = False
 
     # ---------------------------------------------------------------- lookups
     def row_of(self, node_id: int) -> int:
@@ -213,9 +229,12 @@ class ClusterState:
                 continue
             if precisions and not precisions <= model_precisions.get(m, frozenset()):
                 continue
-            if min_memory_mib and model_memory is not None:
-                if model_memory.get(m, 0) < min_memory_mib:
-                    continue
+            if (
+                min_memory_mib
+                and model_memory is not None
+                and model_memory.get(m, 0) < min_memory_mib
+            ):
+                continue
             out[i] = True
         return out
 
@@ -276,6 +295,7 @@ class ClusterState:
             self.gpu_mem_left[row, c] -= gm
         self.cpu_free[row] -= cpu
         self.mem_free[row] -= mem
+        self._own_affinity()
         self.affinity[row][affinity_tag(len(cols), milli)] += 1
         self.version[row] += 1
 
@@ -300,6 +320,7 @@ class ClusterState:
         self.version[row] += 1
 
     def drop_affinity(self, row: int, tag: str) -> None:
+        self._own_affinity()
         a = self.affinity[row]
         if a.get(tag, 0) > 0:
             a[tag] -= 1

@@ -64,8 +64,7 @@ def _rows(path: str | Path, required: tuple[str, ...]) -> Iterator[tuple[int, di
                 f"expected {', '.join(required)} (found {', '.join(header) or 'no header'})"
             )
         try:
-            for i, row in enumerate(reader, start=2):
-                yield i, row
+            yield from enumerate(reader, start=2)
         except (csv.Error, UnicodeDecodeError) as exc:
             raise TraceError(f"{p}: not a readable CSV file ({exc})") from None
 
@@ -142,7 +141,9 @@ def _timestamp(path: str | Path, line: int, raw: str) -> float:
         ) from None
 
 
-def read_jobs(path: str | Path, cluster: str | None = None, limit: int | None = None) -> list[JobRow]:
+def read_jobs(
+    path: str | Path, cluster: str | None = None, limit: int | None = None
+) -> list[JobRow]:
     out: list[JobRow] = []
     for line, row in _rows(path, ("timestamp", "duration", "num_gpus")):
         cl = (row.get("cluster") or "").strip()
