@@ -260,7 +260,6 @@ class StripeEventAdmin(ReadOnlyAdmin):
 
 
 from billing.models import AllocationMeter, CreditApplication, InvoiceLine  # noqa: E402
-from portal.admin import ReadOnlyAdmin  # noqa: E402
 
 
 @admin.register(AllocationMeter)
