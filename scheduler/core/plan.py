@@ -64,6 +64,9 @@ class PolicyConfig:
     spread_gangs: bool = True
     estimate_starts: bool = True
     max_estimates: int = 50
+    # Preemption searches per cycle: each is costly on a big cluster, and the jobs past the
+    # budget get their turn next cycle (Kubernetes likewise preempts for one pod at a time).
+    max_preemption_attempts: int = 64
     typical_shapes: tuple[TaskShape, ...] = ()
     pools: Mapping[str, PolicyConfig] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -265,6 +268,7 @@ class _Planner:
         self.placements: list[Placement] = []
         self.placed_ends: list[tuple[float | None, int, list[_Take]]] = []
         self.preemptions: list[Preemption] = []
+        self.preempt_attempts = 0
         self.resizes: list[Resize] = []
         self.reservations: list[Reservation] = []
         self.pending: dict[int, Pending] = {}
@@ -586,7 +590,12 @@ class _Planner:
         if self.cfg.elastic and self.try_shrink(job, node_ok, models, borrowed):
             return
         pkey = (*key, "preempt", job.priority, job.preempted_by)
-        if self.cfg.preemption and pkey not in self.no_fit:
+        if (
+            self.cfg.preemption
+            and pkey not in self.no_fit
+            and self.preempt_attempts < self.cfg.max_preemption_attempts
+        ):
+            self.preempt_attempts += 1
             if self.try_preempt(job, node_ok, models, borrowed):
                 return
             self.no_fit.add(pkey)
