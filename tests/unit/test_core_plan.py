@@ -279,6 +279,19 @@ def test_protected_work_is_never_preempted(
     assert p.pending[1].reason is PendingReason.NO_CAPACITY
 
 
+def test_preemption_searches_are_budgeted_per_cycle() -> None:
+    work = [
+        running(10 + i, [100 + 2 * i, 101 + 2 * i], priority=0, started_at=NOW - 7200)
+        for i in range(4)
+    ]
+    queue = [job(1, gpus=2, priority=5), job(2, gpus=2, priority=5)]
+    p = plan(snapshot([node(1, 8)], work), queue, PolicyConfig(max_preemption_attempts=1), NOW)
+    assert [x.for_job_id for x in p.preemptions] == [1]
+    assert p.pending[2].reason is PendingReason.NO_CAPACITY  # its turn comes next cycle
+    p = plan(snapshot([node(1, 8)], work), queue, PolicyConfig(), NOW)
+    assert sorted(x.for_job_id for x in p.preemptions) == [1, 2]
+
+
 def test_whole_gang_is_preempted() -> None:
     gang = running(10, [100, 101, 200, 201], priority=0, started_at=NOW - 100)
     snap = snapshot([node(1, 2), node(2, 2)], [gang])
