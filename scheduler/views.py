@@ -60,7 +60,9 @@ def _submittable_projects(user: User):  # type: ignore[no-untyped-def]
 def job_new(request: HttpRequest) -> HttpResponse:
     projects = _submittable_projects(_user(request))
     initial = {
-        "project": request.GET.get("project") or getattr(request, "current_project_slug", None)
+        "project": request.GET.get("project")
+        or getattr(request, "current_project_slug", None)
+        or projects.values_list("slug", flat=True).first()
     }
     if request.GET.get("gpu_model"):
         initial["gpu_model"] = request.GET["gpu_model"]

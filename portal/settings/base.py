@@ -175,6 +175,7 @@ else:
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),
         "processed_folder": str(BASE_DIR / "var" / "broker-processed"),
+        "control_folder": str(BASE_DIR / "var" / "broker-control"),
         "store_processed": False,
     }
 CELERY_TASK_ACKS_LATE = True
