@@ -34,6 +34,8 @@ def _client() -> stripe.StripeClient:
         settings.STRIPE_SECRET_KEY,
         base_addresses={"api": base} if base else None,
         max_network_retries=2,
+        # The library's default waits 80 s per try; a hung Stripe must not hold a worker.
+        http_client=stripe.RequestsClient(timeout=getattr(settings, "STRIPE_TIMEOUT_SECONDS", 20)),
     )
 
 

@@ -147,6 +147,9 @@ def job_filter(qs: QuerySet[Job], params: dict[str, str]) -> QuerySet[Job]:
                 field="state",
             )
         qs = qs.filter(state__in=states)
+    for name in ("project", "gpu_model"):
+        if "\x00" in params.get(name, ""):  # PostgreSQL cannot compare with a NUL character
+            raise DomainError(f"{name} may not contain NUL characters.", field=name)
     if params.get("project"):
         qs = qs.filter(project__slug=params["project"])
     if params.get("gpu_model"):

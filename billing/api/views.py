@@ -21,6 +21,7 @@ from billing.api.serializers import (
     UsageSummarySerializer,
 )
 from billing.models import Invoice, PriceVersion
+from portal.api.schema import PortalAutoSchema, StrictLimitOffsetPagination
 from portal.errors import NotFound
 from portal.models import User
 from portal.selectors import project_get_visible
@@ -36,6 +37,8 @@ def _user(request: Request) -> User:
 class ProjectUsageView(APIView):
     """A project's usage and cost for a month: by model, job and day, with a forecast."""
 
+    schema = PortalAutoSchema()
+
     @extend_schema(parameters=[MONTH], responses=UsageSummarySerializer)
     def get(self, request: Request, slug: str) -> Response:
         project = project_get_visible(user=_user(request), slug=slug)
@@ -46,6 +49,8 @@ class ProjectUsageView(APIView):
 
 class ProjectBudgetView(APIView):
     """Everyone in the project reads the budget; owners set or remove it."""
+
+    schema = PortalAutoSchema()
 
     @extend_schema(responses=BudgetSerializer)
     def get(self, request: Request, slug: str) -> Response:
@@ -71,6 +76,8 @@ class ProjectBudgetView(APIView):
 
 
 class ProjectInvoiceListView(generics.ListAPIView):  # type: ignore[type-arg]
+    schema = PortalAutoSchema()
+    pagination_class = StrictLimitOffsetPagination
     serializer_class = InvoiceSerializer
 
     def get_queryset(self) -> QuerySet[Invoice]:
@@ -79,6 +86,8 @@ class ProjectInvoiceListView(generics.ListAPIView):  # type: ignore[type-arg]
 
 
 class InvoiceDetailView(APIView):
+    schema = PortalAutoSchema()
+
     @extend_schema(responses=InvoiceDetailSerializer)
     def get(self, request: Request, invoice_id: int) -> Response:
         invoice = selectors.invoice_get_visible(user=_user(request), invoice_id=invoice_id)
@@ -86,6 +95,8 @@ class InvoiceDetailView(APIView):
 
 
 class JobCostView(APIView):
+    schema = PortalAutoSchema()
+
     @extend_schema(responses=JobCostSerializer)
     def get(self, request: Request, job_id: int) -> Response:
         job = job_get_visible(user=_user(request), job_id=job_id)
@@ -96,6 +107,7 @@ class JobCostView(APIView):
 class PriceListView(generics.ListAPIView):  # type: ignore[type-arg]
     """Prices in effect now for each GPU model, and scheduled changes."""
 
+    schema = PortalAutoSchema()
     serializer_class = PriceSerializer
     pagination_class = None
 

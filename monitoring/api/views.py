@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from monitoring import selectors
 from monitoring.models import Alert
+from portal.api.schema import PortalAutoSchema
 from portal.errors import DomainError
 from portal.models import User
 from portal.selectors import project_get_visible
@@ -54,6 +55,8 @@ def alert_dict(a: Alert) -> dict[str, Any]:
 
 
 class JobSeriesView(APIView):
+    schema = PortalAutoSchema()
+
     @extend_schema(parameters=[RANGE], responses=OpenApiTypes.OBJECT, summary="Job GPU series")
     def get(self, request: Request, job_id: int) -> Response:
         rng = selectors.parse_range(request.query_params.get("range"))
@@ -62,6 +65,8 @@ class JobSeriesView(APIView):
 
 
 class JobEfficiencyView(APIView):
+    schema = PortalAutoSchema()
+
     @extend_schema(responses=OpenApiTypes.OBJECT, summary="Job efficiency and cost")
     def get(self, request: Request, job_id: int) -> Response:
         job = job_get_visible(user=_user(request), job_id=job_id)
@@ -72,6 +77,8 @@ class JobEfficiencyView(APIView):
 
 
 class ProjectEfficiencyView(APIView):
+    schema = PortalAutoSchema()
+
     @extend_schema(parameters=[DAYS], responses=OpenApiTypes.OBJECT, summary="Project efficiency")
     def get(self, request: Request, slug: str) -> Response:
         days = selectors.parse_days(request.query_params.get("days"))
@@ -90,6 +97,7 @@ class ProjectEfficiencyView(APIView):
 
 
 class NodeSeriesView(APIView):
+    schema = PortalAutoSchema()
     permission_classes = [permissions.IsAdminUser]
 
     @extend_schema(parameters=[RANGE], responses=OpenApiTypes.OBJECT, summary="Node GPU series")
@@ -100,6 +108,7 @@ class NodeSeriesView(APIView):
 
 
 class ClusterView(APIView):
+    schema = PortalAutoSchema()
     permission_classes = [permissions.IsAdminUser]
 
     @extend_schema(parameters=[RANGE], responses=OpenApiTypes.OBJECT, summary="Cluster overview")
@@ -109,6 +118,7 @@ class ClusterView(APIView):
 
 
 class AlertListView(APIView):
+    schema = PortalAutoSchema()
     permission_classes = [permissions.IsAdminUser]
 
     @extend_schema(
@@ -128,6 +138,8 @@ class AlertListView(APIView):
 
 
 class NotificationListView(APIView):
+    schema = PortalAutoSchema()
+
     @extend_schema(responses=OpenApiTypes.OBJECT, summary="My notifications")
     def get(self, request: Request) -> Response:
         qs = selectors.notification_list_of(user=_user(request))[:100]

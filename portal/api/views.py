@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import selectors, services
+from portal.api.schema import PortalAutoSchema, StrictLimitOffsetPagination
 from portal.api.serializers import (
     ApiTokenCreateSerializer,
     ApiTokenSerializer,
@@ -24,6 +25,8 @@ from portal.models import ApiToken, Membership, Project, Role
 
 
 class ProjectViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
+    schema = PortalAutoSchema()
+    pagination_class = StrictLimitOffsetPagination
     lookup_field = "slug"
     lookup_value_regex = r"[a-z0-9-]+"
 
@@ -47,6 +50,9 @@ class MembershipViewSet(
     viewsets.GenericViewSet,  # type: ignore[type-arg]
 ):
     """Members of one project. Everyone in the project reads; owners change."""
+
+    schema = PortalAutoSchema()
+    pagination_class = StrictLimitOffsetPagination
 
     serializer_class = MembershipSerializer
     lookup_value_regex = r"\d+"
@@ -75,13 +81,18 @@ class MembershipViewSet(
 
     @extend_schema(request=MembershipUpdateSerializer, responses=MembershipSerializer)
     def partial_update(self, request: Request, project_slug: str, pk: str) -> Response:
-        body = MembershipUpdateSerializer(data=request.data)
+        body = MembershipUpdateSerializer(data=request.data, partial=True)
         body.is_valid(raise_exception=True)
+        project = self._project()
+        role = body.validated_data.get("role")
+        if role is None:  # a PATCH that changes nothing: still the owner's call, answered as is
+            current = selectors.membership_list(project=project).filter(pk=int(pk))
+            role = current.values_list("role", flat=True).first() or Role.VIEWER
         membership = services.membership_change_role(
             actor=request.user,  # type: ignore[arg-type]
-            project=self._project(),
+            project=project,
             membership_id=int(pk),
-            role=body.validated_data["role"],
+            role=role,
         )
         return Response(MembershipSerializer(membership).data)
 
@@ -103,6 +114,9 @@ class ApiTokenViewSet(
     viewsets.GenericViewSet,  # type: ignore[type-arg]
 ):
     """Your personal API tokens. The secret appears only in the response that creates it."""
+
+    schema = PortalAutoSchema()
+    pagination_class = StrictLimitOffsetPagination
 
     serializer_class = ApiTokenSerializer
     lookup_value_regex = r"\d+"

@@ -42,3 +42,4 @@ BILLING_BEAT_SCHEDULE = {
     },
 }
 SCHEDULER_RESERVED_CAPACITY = "billing.selectors.reserved_gpus_by_project"
+STRIPE_TIMEOUT_SECONDS = _env.int("STRIPE_TIMEOUT_SECONDS", default=20)

@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api.schema import PortalAutoSchema, StrictJSONParser
 from portal.api.serializers import StrictSerializer
 from scheduler import nodes
 from scheduler.models import Node
@@ -77,6 +78,8 @@ class AgentThrottle(throttling.SimpleRateThrottle):
 
 
 class AgentView(APIView):
+    schema = PortalAutoSchema()
+    parser_classes = [StrictJSONParser]  # agents speak JSON; the schema says only that
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsAgent]
     throttle_classes = [AgentThrottle]
@@ -115,23 +118,29 @@ class ProcessSerializer(StrictSerializer):
     used_memory_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
 
 
+class NumberField(serializers.FloatField):
+    """A JSON number: DRF's FloatField would take `true` as 1.0."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        value: float = super().to_internal_value(data)
+        return value
+
+
 class TelemetrySerializer(StrictSerializer):
     uuid = serializers.CharField(max_length=64)
-    utilization = serializers.FloatField(
-        min_value=0, max_value=100, allow_null=True, required=False
-    )
+    utilization = NumberField(min_value=0, max_value=100, allow_null=True, required=False)
     memory_used_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-    temperature_c = serializers.FloatField(
-        min_value=-50, max_value=200, allow_null=True, required=False
-    )
-    power_w = serializers.FloatField(min_value=0, max_value=5000, allow_null=True, required=False)
+    temperature_c = NumberField(min_value=-50, max_value=200, allow_null=True, required=False)
+    power_w = NumberField(min_value=0, max_value=5000, allow_null=True, required=False)
     ecc_uncorrected = serializers.IntegerField(min_value=0, allow_null=True, required=False)
     row_remap_pending = serializers.BooleanField(allow_null=True, required=False)
     xid_events = serializers.ListField(
         child=serializers.IntegerField(min_value=0), max_length=100, required=False
     )
     throttle_reasons = serializers.ListField(
-        child=serializers.CharField(max_length=64), max_length=32, required=False
+        child=serializers.CharField(max_length=64, allow_blank=True), max_length=32, required=False
     )
     processes = ProcessSerializer(many=True, required=False)
     lost = serializers.BooleanField(default=False)

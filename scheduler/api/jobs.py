@@ -18,6 +18,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 
+from portal.api.schema import (
+    NUL_FREE,
+    PortalAutoSchema,
+    StrictJSONParser,
+    StrictLimitOffsetPagination,
+)
 from portal.api.serializers import StrictSerializer
 from portal.models import PriorityClass, Project, User
 from portal.selectors import project_get_visible
@@ -28,6 +34,17 @@ from scheduler.manifest import parse_manifest
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
 
 PRIORITIES = [p.lower() for p in PriorityClass.names]
+_STATE = "|".join(JobState.values)
+STATE_LIST_PATTERN = f"^(({_STATE})(,({_STATE}))*)?$"  # empty: no filter
+
+
+class CatalogModelField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A GPU model by name; a name PostgreSQL cannot even compare (NUL) is simply unknown."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
+        return super().to_internal_value(data)
 
 
 class JobCreateSerializer(StrictSerializer):
@@ -38,7 +55,7 @@ class JobCreateSerializer(StrictSerializer):
     gpus = serializers.IntegerField(min_value=1, max_value=4096, default=1)
     gpu_milli = serializers.IntegerField(min_value=1, max_value=1000, default=1000)
     gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=4 * 1024 * 1024, default=0)
-    gpu_model: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
+    gpu_model: serializers.SlugRelatedField = CatalogModelField(  # type: ignore[type-arg]
         slug_field="name",
         queryset=GpuModel.objects.filter(is_active=True),
         required=False,
@@ -90,7 +107,7 @@ class JobSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
         slug_field="slug", read_only=True
     )
     gpu_model: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
-        slug_field="name", read_only=True
+        slug_field="name", read_only=True, allow_null=True
     )
     submitted_by = serializers.EmailField(source="submitted_by.email", read_only=True)
     priority = serializers.SerializerMethodField()
@@ -217,13 +234,20 @@ class PlainTextParser(YamlParser):
 @extend_schema_view(
     list=extend_schema(
         parameters=[
-            OpenApiParameter("state", OpenApiTypes.STR, description="Comma-separated states."),
-            OpenApiParameter("project", OpenApiTypes.STR),
-            OpenApiParameter("gpu_model", OpenApiTypes.STR),
+            OpenApiParameter(
+                "state",
+                {"type": "string", "pattern": STATE_LIST_PATTERN},
+                description="Comma-separated states.",
+            ),
+            OpenApiParameter("project", {"type": "string", "pattern": NUL_FREE}),
+            OpenApiParameter("gpu_model", {"type": "string", "pattern": NUL_FREE}),
         ]
     )
 )
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+    schema = PortalAutoSchema()
+    pagination_class = StrictLimitOffsetPagination
+    parser_classes = [StrictJSONParser]  # nested fields (env, precisions): JSON only
     lookup_value_regex = r"\d+"
 
     def get_serializer_class(self) -> type:

@@ -7,6 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import viewsets
 
+from portal.api.schema import PortalAutoSchema
 from scheduler.api.serializers import GpuModelSerializer
 from scheduler.models import PRECISIONS, GpuModel
 from scheduler.selectors import CatalogFilter, gpu_model_list
@@ -15,12 +16,17 @@ from scheduler.selectors import CatalogFilter, gpu_model_list
 @extend_schema_view(
     list=extend_schema(
         parameters=[
-            OpenApiParameter("min_memory_gb", OpenApiTypes.INT, description="At least this much."),
+            OpenApiParameter(
+                "min_memory_gb",
+                {"type": "integer", "minimum": 0, "maximum": 10_000},
+                description="At least this much.",
+            ),
             OpenApiParameter("precision", OpenApiTypes.STR, enum=list(PRECISIONS)),
         ]
     )
 )
 class GpuModelViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
+    schema = PortalAutoSchema()
     serializer_class = GpuModelSerializer
     lookup_field = "name"
     lookup_value_regex = r"[A-Za-z0-9_-]+"

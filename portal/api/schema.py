@@ -1,0 +1,136 @@
+"""OpenAPI schema that tells the whole truth: error responses, strict bodies, strict paging.
+
+- `PortalAutoSchema` documents the 4xx answers every endpoint can give (the shape of
+  `portal/api/errors.py`), so clients and contract tests know them.
+- `StrictSerializerExtension` marks bodies of `StrictSerializer`s `additionalProperties: false`:
+  the server refuses unknown fields, so the schema says so.
+- `StrictJSONParser` refuses JSON strings that are not Unicode text (unpaired surrogates).
+- `StrictLimitOffsetPagination` answers 400 for a `limit`/`offset` that is not a whole number
+  instead of silently ignoring it, and documents their ranges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.openapi import AutoSchema
+from rest_framework import pagination, parsers, serializers
+from rest_framework.exceptions import ParseError
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "What to fix: `detail` says it in words; a field's name maps to its messages.",
+    "properties": {
+        "detail": {"type": "string"},
+        "code": {"type": "string"},
+    },
+    "additionalProperties": True,
+}
+ERRORS = {
+    "400": "The request is invalid; the body names the field at fault.",
+    "401": "No valid credentials (send `Authorization: Bearer <token>`).",
+    "403": "Authenticated, but the role or account may not do this.",
+    "404": "No such object, or one you may not see.",
+    "405": "The method is not allowed on this path.",
+    "409": "The request conflicts with the object's current state.",
+    "429": "Too many requests; retry later.",
+}
+
+
+class PortalAutoSchema(AutoSchema):
+    """drf-spectacular's AutoSchema plus the documented error answers of every operation."""
+
+    def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:  # type: ignore[override]
+        responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[arg-type]
+        for code, description in ERRORS.items():
+            content: dict[str, Any] = {"application/json": {"schema": ERROR_SCHEMA}}
+            if code == "404":
+                # A path that matches no route at all gets Django's HTML "Not Found" page.
+                content["text/html"] = {"schema": {"type": "string"}}
+            responses.setdefault(code, {"description": description, "content": content})
+        return responses
+
+
+class StrictSerializerExtension(OpenApiSerializerExtension):  # type: ignore[no-untyped-call]
+    target_class = "portal.api.serializers.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: AutoSchema, direction: str) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer(  # type: ignore[attr-defined]
+            self.target, direction, bypass_extensions=True
+        )
+        schema["additionalProperties"] = False
+        for prop in schema.get("properties", {}).values():
+            _no_nul(prop)
+        return schema
+
+
+NUL_FREE = "^[^\\x00]*$"
+
+
+def _no_nul(prop: dict[str, Any]) -> None:
+    """DRF's CharField refuses NUL characters (PostgreSQL cannot store them): say so."""
+    if prop.get("type") == "string" and not {"format", "enum", "pattern"} & set(prop):
+        prop["pattern"] = NUL_FREE
+    for key in ("items", "additionalProperties"):
+        if isinstance(prop.get(key), dict):
+            _no_nul(prop[key])
+
+
+class StrictLimitOffsetPagination(pagination.LimitOffsetPagination):
+    max_limit = 1000
+
+    def get_limit(self, request: Any) -> int | None:
+        raw = request.query_params.get(self.limit_query_param)
+        if raw is None:
+            return self.default_limit
+        if not raw.isdigit() or not 1 <= int(raw) <= (self.max_limit or 1000):
+            raise serializers.ValidationError(
+                {self.limit_query_param: [f"A whole number from 1 to {self.max_limit}."]}
+            )
+        return int(raw)
+
+    def get_offset(self, request: Any) -> int:
+        raw = request.query_params.get(self.offset_query_param)
+        if raw is None:
+            return 0
+        if not raw.isdigit() or int(raw) > 2**31:
+            raise serializers.ValidationError(
+                {self.offset_query_param: ["A whole number, 0 or more."]}
+            )
+        return int(raw)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        params: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for param in params:
+            if param["name"] == self.limit_query_param:
+                param["schema"] = {"type": "integer", "minimum": 1, "maximum": self.max_limit}
+            elif param["name"] == self.offset_query_param:
+                param["schema"] = {"type": "integer", "minimum": 0, "maximum": 2**31}
+        return params
+
+
+class StrictJSONParser(parsers.JSONParser):
+    """JSON whose strings PostgreSQL can store: an unpaired surrogate (`"\\ud800"`) is valid
+    JSON syntax but not Unicode text, so it is a 400 here rather than an error deep in a write."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        data = super().parse(stream, media_type, parser_context)
+        if _has_surrogate(data):
+            raise ParseError("JSON strings must be Unicode text (no unpaired surrogates).")
+        return data
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
