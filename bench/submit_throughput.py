@@ -11,21 +11,15 @@ last job is running (the agent has started its process). Target: >= 100 jobs/s o
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import requests
 
-from bench import REPO, command_line, markdown_table, write_section
+from bench import command_line, markdown_table, write_section
 from bench.django_env import setup, teardown
+from bench.stack import Stack
 
 
 def seed(n_nodes: int, web_url: str) -> tuple[str, dict[str, str]]:
@@ -55,17 +49,6 @@ def seed(n_nodes: int, web_url: str) -> tuple[str, dict[str, str]]:
     return token_create(user=user, name="bench").secret, tokens
 
 
-def wait_port(url: str, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            requests.get(url + "/login/", timeout=1)
-            return
-        except requests.RequestException:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=400)
@@ -78,95 +61,10 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     secret, tokens = seed(args.nodes, url)
     teardown()
-    env = {
-        **os.environ,
-        "DATABASE_URL": db_url,
-        "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"],
-        "SCHEDULER_CYCLE_SECONDS": "1",
-        "NODE_HEARTBEAT_SECONDS": "5",
-        "AGENT_POLL_SECONDS": "0.5",
-    }
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "portal.wsgi",
-                "-b",
-                f"127.0.0.1:{args.port}",
-                "-w",
-                str(args.web_workers),
-                "--threads",
-                "4",
-                "--log-level",
-                "warning",
-            ],
-            cwd=REPO,
-            env={**env, "DJANGO_SETTINGS_MODULE": env["DJANGO_SETTINGS_MODULE"]},
-            start_new_session=True,
-        ),
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "portal",
-                "worker",
-                "-Q",
-                "scheduler,default",
-                "--pool",
-                "threads",
-                "-c",
-                "2",
-                "--loglevel",
-                "WARNING",
-            ],
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-        ),
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "portal",
-                "beat",
-                "--loglevel",
-                "WARNING",
-                "--schedule",
-                str(Path(tempfile.gettempdir()) / "bench-beat-schedule"),
-            ],
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-        ),
-    ]
-    stop = threading.Event()
+    stack = Stack(db_url, args.port, args.web_workers, "scheduler,default")
     try:
-        wait_port(url)
-        from agent.config import Config
-        from agent.main import Agent
-
-        workroot = Path(tempfile.mkdtemp(prefix="bench-agents-"))
-        threads = []
-        for name, token in tokens.items():
-            config = Config(
-                portal_url=url,
-                token=token,
-                workdir=workroot / name,
-                simulate=True,
-                sim_gpus="8xH100-80GB-SXM",
-                hostname=name,
-                poll_interval_s=0.5,
-                heartbeat_interval_s=5,
-            )
-            t = threading.Thread(target=Agent(config).run, args=(stop,), daemon=True)
-            t.start()
-            threads.append(t)
+        stack.start()
+        stack.agents(tokens, poll_s=0.5)
         time.sleep(3)
         session = requests.Session()
         session.headers["Authorization"] = f"Bearer {secret}"
@@ -201,11 +99,7 @@ def main() -> None:
             time.sleep(0.2)
         total = time.perf_counter() - t0
     finally:
-        stop.set()
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait(timeout=30)
+        stack.stop()
     rows = [
         [
             f"{args.jobs}",

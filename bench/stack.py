@@ -1,0 +1,122 @@
+"""A production-like local stack for benchmarks: gunicorn, a Celery worker and beat on a bench
+database, plus in-process simulated agents. PostgreSQL and Redis are the configured ones."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from bench import REPO
+
+
+def wait_port(url: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            requests.get(url + "/login/", timeout=1)
+            return
+        except requests.RequestException:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up")
+
+
+class Stack:
+    """Start with `start()`, add agents with `agents()`, always `stop()`."""
+
+    def __init__(self, db_url: str, port: int, web_workers: int, queues: str) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "SCHEDULER_CYCLE_SECONDS": "1",
+            "NODE_HEARTBEAT_SECONDS": "5",
+            "AGENT_POLL_SECONDS": "1",
+        }
+        self.port, self.web_workers, self.queues = port, web_workers, queues
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stop_agents = threading.Event()
+        self.agent_threads: list[threading.Thread] = []
+
+    def _spawn(self, *args: str) -> None:
+        self.procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", *args], cwd=REPO, env=self.env, start_new_session=True
+            )
+        )
+
+    def start(self) -> None:
+        self._spawn(
+            "gunicorn",
+            "portal.wsgi",
+            "-b",
+            f"127.0.0.1:{self.port}",
+            "-w",
+            str(self.web_workers),
+            "--threads",
+            "4",
+            "--log-level",
+            "warning",
+        )
+        self._spawn(
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "-Q",
+            self.queues,
+            "--pool",
+            "threads",
+            "-c",
+            "2",
+            "--loglevel",
+            "WARNING",
+        )
+        beat_file = Path(tempfile.mkdtemp(prefix="bench-beat-")) / "schedule"
+        self._spawn(
+            "celery", "-A", "portal", "beat", "--loglevel", "WARNING", "--schedule", str(beat_file)
+        )
+        wait_port(self.url)
+
+    def agents(
+        self, tokens: dict[str, str], gpus: str = "8xH100-80GB-SXM", poll_s: float = 1.0
+    ) -> None:
+        from agent.config import Config
+        from agent.main import Agent
+
+        workroot = Path(tempfile.mkdtemp(prefix="bench-agents-"))
+        for name, token in tokens.items():
+            config = Config(
+                portal_url=self.url,
+                token=token,
+                workdir=workroot / name,
+                simulate=True,
+                sim_gpus=gpus,
+                hostname=name,
+                poll_interval_s=poll_s,
+                heartbeat_interval_s=5,
+            )
+            threading.Thread(
+                target=Agent(config).run, args=(self.stop_agents,), daemon=True
+            ).start()
+
+    def stop(self) -> None:
+        self.stop_agents.set()
+        for thread in self.agent_threads:  # they stop their work and report it while web is up
+            thread.join(timeout=40)
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
