@@ -4,13 +4,16 @@ started as real processes (`python -m agent`, simulated GPUs) speaking HTTP to t
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,3 +105,60 @@ def wait_for_registration(names: list[str], timeout: float = 30) -> None:
         return done == ids and beating == len(names)
 
     wait_for(registered, timeout=timeout)
+
+
+class Web:
+    """The portal as its own gunicorn process on the test database, so it can be restarted."""
+
+    def __init__(self, log: Path, **env: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        from django.db import connection
+
+        db = connection.settings_dict
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "DJANGO_SETTINGS_MODULE": "portal.settings.test",
+            **env,
+        }
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "portal.wsgi",
+                    "-b",
+                    f"127.0.0.1:{self.port}",
+                    "-w",
+                    "1",
+                    "--threads",
+                    "4",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                requests.get(self.url + "/login/", timeout=1)
+                return
+            except requests.RequestException:
+                time.sleep(0.2)
+        raise AssertionError("the portal did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.proc = None

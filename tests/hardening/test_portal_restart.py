@@ -2,79 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-import requests
-from django.db import connection
 
 from scheduler.admission import JobSpec, job_submit
 from scheduler.cycle import run_cycle
 from scheduler.models import Job, JobState, LogChunk, Node
 from tests.celery_fixtures import wait_for
 from tests.hardening.invariants import assert_invariants
-from tests.stack_fixtures import ROOT, Agents, wait_for_registration
+from tests.stack_fixtures import Agents, Web, wait_for_registration
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
-
-
-class Web:
-    """The portal as its own gunicorn process on the test database, so it can be restarted."""
-
-    def __init__(self, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        db = connection.settings_dict
-        self.env = {
-            **os.environ,
-            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-            "DJANGO_SETTINGS_MODULE": "portal.settings.test",
-        }
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gunicorn",
-                    "portal.wsgi",
-                    "-b",
-                    f"127.0.0.1:{self.port}",
-                    "-w",
-                    "1",
-                    "--threads",
-                    "4",
-                ],
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                requests.get(self.url + "/login/", timeout=1)
-                return
-            except requests.RequestException:
-                time.sleep(0.2)
-        raise AssertionError("the portal did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-            self.proc = None
 
 
 def test_agents_ride_out_a_portal_restart(team, fleet, tmp_path):
