@@ -19,7 +19,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.db import bulk_update_fast
+from portal.db import bulk_update_rows
 from portal.models import Quota
 from scheduler import hooks
 from scheduler.core.model import (
@@ -518,7 +518,7 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
 def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
     """Write why each unplaced job waits. Advisory, so it never waits for a lock: a job that
     another transaction holds right now keeps its old reason until the next cycle."""
-    changed: dict[int, Job] = {}
+    changed: dict[int, tuple[str, str, int | None, datetime | None]] = {}
     for job_id, pending in decided.pending.items():
         old = state.pending_now.get(job_id)
         if old is None or job_id in placed:
@@ -526,25 +526,20 @@ def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
         estimated = from_ts(pending.estimated_start) if pending.estimated_start else None
         new = (pending.reason.value, pending.message[:500], pending.position, estimated)
         if new != old:
-            changed[job_id] = Job(
-                pk=job_id,
-                pending_reason=new[0],
-                pending_message=new[1],
-                queue_position=new[2],
-                estimated_start_at=new[3],
-            )
+            changed[job_id] = new
     if not changed:
         return 0
     with transaction.atomic():
-        free = set(
+        free = (
             Job.objects.select_for_update(skip_locked=True)
             .filter(pk__in=list(changed), state=JobState.QUEUED)
             .order_by("pk")
             .values_list("pk", flat=True)
         )
-        rows = [changed[pk] for pk in sorted(free)]
-        return bulk_update_fast(
-            Job, rows, ["pending_reason", "pending_message", "queue_position", "estimated_start_at"]
+        return bulk_update_rows(
+            Job,
+            ["pending_reason", "pending_message", "queue_position", "estimated_start_at"],
+            [(pk, *changed[pk]) for pk in free],
         )
 
 
