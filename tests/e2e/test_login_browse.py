@@ -29,6 +29,12 @@ def test_researcher_sees_project_quotas_and_catalog(page):
     assert page.get_by_test_id("my-role").inner_text() == "owner"
     assert "colleague@gpucloud.example" in page.get_by_test_id("members").inner_text()
 
+    # From the project to its usage and cost, and back.
+    page.get_by_test_id("project-links").get_by_text("Usage and cost").click()
+    page.wait_for_url("**/billing/projects/vision-lab/usage/")
+    assert "Vision Lab" in page.locator("main").inner_text()
+    page.go_back()
+
     page.click("nav >> text=GPU catalog")
     page.wait_for_url("**/gpus/")
     table = page.get_by_test_id("catalog")
