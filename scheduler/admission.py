@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -20,7 +19,7 @@ from portal.models import PriorityClass, Project, Quota, Role, User
 from portal.services import require_role
 from scheduler import hooks
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
-from scheduler.selectors import month_start, project_gpu_hours
+from scheduler.selectors import gpu_models_meeting, month_start, project_gpu_hours
 from scheduler.transitions import job_transition
 
 MAX_GPUS_PER_JOB = 4096
@@ -158,10 +157,7 @@ def spec_validate(spec: JobSpec) -> JobSpec:
             raise bad("precisions", f"{model.name} does not support {', '.join(missing)}.")
         if spec.gpu_memory_mib > model.memory_mib:
             raise bad("gpu_memory_mib", f"{model.name} has only {model.memory_mib} MiB.")
-    elif not any(
-        m.memory_gb >= spec.min_gpu_memory_gb and set(spec.precisions) <= set(m.precisions)
-        for m in GpuModel.objects.filter(is_active=True)
-    ):
+    elif not gpu_models_meeting(min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions):
         raise bad(
             "precisions",
             "No GPU model in the catalog meets these constraints; relax memory or precision.",
@@ -357,12 +353,3 @@ def job_cancel(*, actor: User, job: Job, remote_addr: str | None = None) -> Job:
 
     transaction.on_commit(request_cycle)
     return job
-
-
-def spec_summary(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "gpus": spec.gpu_count,
-        "gpu_milli": spec.gpu_milli,
-        "gpu_model": spec.gpu_model.name if spec.gpu_model else None,
-        "shards": spec.shard_count,
-    }

@@ -24,6 +24,7 @@ from scheduler.core.plan import plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
 from scheduler.models import GpuModel, Job, JobState
+from scheduler.selectors import gpu_models_meeting
 
 DRY_RUN_ID = -1
 CENT = Decimal("0.01")
@@ -58,11 +59,9 @@ def quote(
     cheapest model that meets the constraints sets the rate."""
     model = spec.gpu_model
     if model is None:
-        candidates = [
-            m
-            for m in GpuModel.objects.filter(is_active=True)
-            if m.memory_gb >= spec.min_gpu_memory_gb and set(spec.precisions) <= set(m.precisions)
-        ]
+        candidates = gpu_models_meeting(
+            min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions
+        )
         model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
     if model is None:
         return None, None, None

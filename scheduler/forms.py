@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
@@ -123,6 +122,3 @@ class JobForm(forms.Form):
                 field = "runtime_estimate_h"
             self.add_error(field, exc.message)
         return data
-
-    def as_json_safe(self) -> str:
-        return json.dumps({k: str(v) for k, v in (self.cleaned_data or {}).items()})

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections import defaultdict
 from datetime import datetime
 from typing import Any, ClassVar, Protocol
 
@@ -28,7 +27,6 @@ from scheduler.models import (
     Allocation,
     Autoscaler,
     AutoscalerDecision,
-    Gpu,
     GpuModel,
     Job,
     JobState,
@@ -291,16 +289,6 @@ def autoscale(*, now: datetime | None = None) -> list[AutoscalerDecision]:
             )
         )
     return decisions
-
-
-def pool_gpu_summary() -> dict[str, dict[str, int]]:
-    """GPUs per pool and model, for operator pages."""
-    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for pool, model in Gpu.objects.exclude(node__state=Node.State.RETIRED).values_list(
-        "node__pool__name", "model__name"
-    ):
-        out[pool][model] += 1
-    return {k: dict(v) for k, v in out.items()}
 
 
 __all__ = ["autoscale", "node_deprovision", "node_provision", "provider_for"]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
+from django.core.cache import cache
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
@@ -41,6 +44,19 @@ class CatalogFilter:
         return cls(min_memory_gb=min_memory_gb, precision=precision)
 
 
+def gpu_models_meeting(*, min_memory_gb: int = 0, precisions: Iterable[str] = ()) -> list[GpuModel]:
+    """Active catalog models with at least this much memory and every one of these precisions.
+
+    Precisions are checked in Python: JSON containment is not portable to SQLite, and the
+    catalog is a handful of rows."""
+    wanted = set(precisions)
+    return [
+        m
+        for m in GpuModel.objects.filter(is_active=True, memory_gb__gte=min_memory_gb)
+        if wanted <= set(m.precisions)
+    ]
+
+
 def gpu_model_list(*, filters: CatalogFilter | None = None) -> QuerySet[GpuModel]:
     """Active catalog entries with how many healthy GPUs of each the fleet has."""
     qs = GpuModel.objects.filter(is_active=True).annotate(
@@ -53,8 +69,7 @@ def gpu_model_list(*, filters: CatalogFilter | None = None) -> QuerySet[GpuModel
         if filters.min_memory_gb is not None:
             qs = qs.filter(memory_gb__gte=filters.min_memory_gb)
         if filters.precision is not None:
-            # JSON containment is not portable to SQLite; the catalog is small, filter by name.
-            names = [m.name for m in GpuModel.objects.all() if filters.precision in m.precisions]
+            names = [m.name for m in gpu_models_meeting(precisions=[filters.precision])]
             qs = qs.filter(name__in=names)
     return qs.order_by("-memory_gb", "name")
 
@@ -132,9 +147,6 @@ def job_get_visible(*, user: User, job_id: int) -> Job:
     return job
 
 
-JOB_FILTERS = {"state", "project", "gpu_model"}
-
-
 def job_filter(qs: QuerySet[Job], params: dict[str, str]) -> QuerySet[Job]:
     """Apply list filters; a bad value is a DomainError naming the parameter."""
     state = params.get("state", "").strip()
@@ -184,3 +196,14 @@ def job_log_text(job: Job, *, after_id: int = 0, limit: int = 500) -> tuple[str,
     if not chunks:
         return "", after_id
     return "".join(text for _, text in chunks), chunks[-1][0]
+
+
+def telemetry_key(gpu_id: int) -> str:
+    """Where the latest telemetry sample of a GPU is cached (written on every heartbeat)."""
+    return f"telemetry:gpu:{gpu_id}"
+
+
+def latest_telemetry(gpu_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The latest sample per GPU (absent when its node has been silent for two minutes)."""
+    found = cache.get_many([telemetry_key(i) for i in gpu_ids])
+    return {int(k.rsplit(":", 1)[1]): v for k, v in found.items()}

@@ -108,20 +108,6 @@ def job_transition(
     return job
 
 
-def job_note(
-    *, job: Job, reason: str, actor_label: str = "system", data: dict[str, Any] | None = None
-) -> None:
-    """A JobEvent that records a fact without changing state (e.g. a pending reason change)."""
-    JobEvent.objects.create(
-        job=job,
-        from_state=job.state,
-        to_state=job.state,
-        actor_label=actor_label,
-        reason=reason[:500],
-        data=data or {},
-    )
-
-
 def jobs_transition_bulk(
     *,
     jobs: list[Job],
