@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from portal.models import Membership, QuotaModelLimit, Role
 from scheduler.cycle import run_cycle
-from scheduler.models import Allocation, Job, JobEvent, JobState
+from scheduler.models import Allocation, Gpu, Job, JobEvent, JobState
 
 pytestmark = pytest.mark.django_db
 
@@ -195,20 +195,35 @@ def test_gang_spreads_over_two_nodes(lab, api):
     assert detail["pending"]["reason"] and detail["pending"]["message"]
 
 
-def test_fraction_shares_one_gpu(lab, api):
+def test_fractions_share_one_gpu_up_to_its_capacity_and_memory(lab, api):
+    # One usable L4, time-sliced ×2: capacity 2000 milli-GPU, about 22,900 MiB.
+    gpus = list(Gpu.objects.filter(node__name="l1").order_by("index"))
+    Gpu.objects.filter(pk__in=[g.pk for g in gpus[1:]]).update(health=Gpu.Health.UNHEALTHY)
     ids = [
         submit(
-            api, lab["member"], name=f"f{i}", gpu_milli=500, gpu_memory_mib=8000, gpu_model="L4"
+            api, lab["member"], name=f"f{i}", gpu_milli=500, gpu_memory_mib=5000, gpu_model="L4"
+        )["id"]
+        for i in range(5)
+    ]
+    run_cycle()
+    allocs = list(Allocation.objects.filter(job_id__in=ids))
+    assert {a.gpu_id for a in allocs} == {gpus[0].pk}
+    assert len(allocs) == 4 and sum(a.share_milli for a in allocs) == 2000
+    waiting = Job.objects.get(pk=ids[4])
+    assert waiting.state == JobState.QUEUED and waiting.pending_reason
+
+    # Memory binds before shares do: three 8 GB slices do not fit in 22.9 GB.
+    for pk in ids[:4]:
+        api(lab["member"]).post(f"/api/v1/jobs/{pk}/cancel")
+    api(lab["member"]).post(f"/api/v1/jobs/{ids[4]}/cancel")
+    big = [
+        submit(
+            api, lab["member"], name=f"m{i}", gpu_milli=250, gpu_memory_mib=8000, gpu_model="L4"
         )["id"]
         for i in range(3)
     ]
     run_cycle()
-    allocs = list(Allocation.objects.filter(job_id__in=ids))
-    assert len(allocs) == 3 and all(a.share_milli == 500 for a in allocs)
-    per_gpu = {}
-    for a in allocs:
-        per_gpu[a.gpu_id] = per_gpu.get(a.gpu_id, 0) + a.share_milli
-    assert max(per_gpu.values()) <= 2000
+    assert Allocation.objects.filter(job_id__in=big, ended_at__isnull=True).count() == 2
 
 
 def test_quota_rejections_and_borrowing(lab, api):
