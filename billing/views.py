@@ -9,7 +9,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
-from django.utils.cache import patch_vary_headers
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -17,6 +16,7 @@ from billing import exports, gateway, pricing, selectors, services
 from billing.forms import BudgetForm
 from billing.models import InvoiceLine
 from portal.errors import DomainError, NotFound, PermissionDenied
+from portal.htmx import render_partial_or_page
 from portal.models import Role, User
 from portal.selectors import project_get_visible, project_role_of
 
@@ -54,12 +54,12 @@ def usage(request: HttpRequest, slug: str) -> HttpResponse:
         "notifications": selectors.notification_list(project=project),
         "account": selectors.account_of(project=project),
     }
-    template = "billing/usage.html"
-    if request.htmx and not request.htmx.boosted:  # type: ignore[attr-defined]
-        template = "billing/partials/_usage_tables.html"
-    response = render(request, template, context)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
+    return render_partial_or_page(
+        request,
+        page="billing/usage.html",
+        partial="billing/partials/_usage_tables.html",
+        context=context,
+    )
 
 
 @login_required

@@ -16,6 +16,7 @@ from django.views.decorators.vary import vary_on_headers
 from monitoring import selectors
 from monitoring.metrics import metrics_view
 from monitoring.models import Alert
+from portal.htmx import wants_partial
 from portal.models import User
 from portal.selectors import project_get_visible, project_list_visible_to
 from scheduler.ops_views import staff_required
@@ -26,11 +27,6 @@ __all__ = ["metrics_view"]
 
 def _user(request: HttpRequest) -> User:
     return request.user  # type: ignore[return-value]
-
-
-def _is_htmx(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted  # type: ignore[union-attr]
 
 
 @staff_required
@@ -55,7 +51,7 @@ def alert_list(request: HttpRequest) -> HttpResponse:
     rule = request.GET.get("rule") or None
     alerts = list(selectors.alert_list(open_only=state == "open", rule=rule)[:300])
     context = {"alerts": alerts, "state": state, "rule": rule, "rules": Alert.Rule.choices}
-    if _is_htmx(request):
+    if wants_partial(request):
         return render(request, "monitoring/partials/_alert_table.html", context)
     return render(request, "monitoring/alerts.html", context)
 

@@ -22,6 +22,7 @@ from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler import health, hooks
 from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node, NodeEvent
+from scheduler.selectors import telemetry_key
 from scheduler.transitions import job_transition
 
 AGENT_TOKEN_PREFIX = "gpn_"
@@ -176,7 +177,7 @@ def node_heartbeat(
     gpus = {g.uuid: g for g in node.gpus.all()}
     cache.set_many(
         {
-            f"telemetry:gpu:{gpus[s['uuid']].pk}": {**s, "at": now.isoformat()}
+            telemetry_key(gpus[s["uuid"]].pk): {**s, "at": now.isoformat()}
             for s in telemetry
             if s.get("uuid") in gpus
         },

@@ -8,18 +8,18 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Prefetch, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
-from django.views.decorators.vary import vary_on_headers
 
 from portal.errors import DomainError
+from portal.htmx import render_partial_or_page
 from portal.models import User
 from scheduler.models import Allocation, Autoscaler, Gpu, Job, JobState, Node, Pool
 from scheduler.nodes import node_set_state
+from scheduler.selectors import latest_telemetry
 
 
 def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -33,14 +33,7 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
     return wrapper
 
 
-def telemetry_for(gpu_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """The latest sample per GPU from the live cache (empty when the node is silent)."""
-    found = cache.get_many([f"telemetry:gpu:{i}" for i in gpu_ids])
-    return {int(k.rsplit(":", 1)[1]): v for k, v in found.items()}
-
-
 @staff_required
-@vary_on_headers("HX-Request")
 def node_list(request: HttpRequest) -> HttpResponse:
     nodes = list(
         Node.objects.exclude(state=Node.State.RETIRED)
@@ -49,7 +42,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         .annotate(active=Count("allocations", filter=Q(allocations__ended_at__isnull=True)))
         .order_by("pool__name", "name")
     )
-    samples = telemetry_for([g.pk for n in nodes for g in n.gpus.all()])
+    samples = latest_telemetry([g.pk for n in nodes for g in n.gpus.all()])
     rows = []
     for node in nodes:
         gpus = list(node.gpus.all())
@@ -71,19 +64,19 @@ def node_list(request: HttpRequest) -> HttpResponse:
                 "gpus": len(gpus),
             }
         )
-    context = {"rows": rows}
-    htmx = getattr(request, "htmx", None)
-    if htmx and not htmx.boosted:
-        return render(request, "ops/partials/_node_table.html", context)
-    return render(request, "ops/node_list.html", context)
+    return render_partial_or_page(
+        request,
+        page="ops/node_list.html",
+        partial="ops/partials/_node_table.html",
+        context={"rows": rows},
+    )
 
 
 @staff_required
-@vary_on_headers("HX-Request")
 def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
     node = get_object_or_404(Node.objects.select_related("pool", "autoscaler"), pk=node_id)
     gpus = list(node.gpus.select_related("model").order_by("index"))
-    samples = telemetry_for([g.pk for g in gpus])
+    samples = latest_telemetry([g.pk for g in gpus])
     work: dict[int, list[Allocation]] = {}
     for a in Allocation.objects.filter(node=node, ended_at__isnull=True).select_related(
         "job", "job__project"
@@ -100,10 +93,12 @@ def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
         "events": node.events.select_related("gpu")[:50],
         "actions": _actions_for(node),
     }
-    htmx = getattr(request, "htmx", None)
-    if htmx and not htmx.boosted:
-        return render(request, "ops/partials/_node_gpus.html", context)
-    return render(request, "ops/node_detail.html", context)
+    return render_partial_or_page(
+        request,
+        page="ops/node_detail.html",
+        partial="ops/partials/_node_gpus.html",
+        context=context,
+    )
 
 
 def _actions_for(node: Node) -> list[tuple[str, str, str]]:

@@ -8,9 +8,9 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
-from django.views.decorators.vary import vary_on_headers
 
 from portal.errors import DomainError
+from portal.htmx import render_partial_or_page, wants_partial
 from portal.models import PriorityClass, Role, User
 from portal.selectors import project_list_visible_to, project_role_of
 from scheduler import selectors
@@ -25,13 +25,7 @@ def _user(request: HttpRequest) -> User:
     return request.user  # type: ignore[return-value]
 
 
-def _is_htmx(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.boosted  # type: ignore[union-attr]
-
-
 @login_required
-@vary_on_headers("HX-Request")
 def catalog(request: HttpRequest) -> HttpResponse:
     error = None
     try:
@@ -45,9 +39,14 @@ def catalog(request: HttpRequest) -> HttpResponse:
         "memory_choices": [16, 24, 40, 48, 80, 141],
         "error": error,
     }
-    if _is_htmx(request):
-        return render(request, "scheduler/partials/_catalog_table.html", context)
-    return render(request, "scheduler/catalog.html", context, status=400 if error else 200)
+    return render_partial_or_page(
+        request,
+        page="scheduler/catalog.html",
+        partial="scheduler/partials/_catalog_table.html",
+        context=context,
+        # htmx swaps only 2xx answers, so the partial carries its error with a 200
+        status=400 if error and not wants_partial(request) else 200,
+    )
 
 
 def _submittable_projects(user: User):  # type: ignore[no-untyped-def]
@@ -112,7 +111,6 @@ def job_dry_run_view(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@vary_on_headers("HX-Request")
 def job_list(request: HttpRequest) -> HttpResponse:
     qs = selectors.job_list_visible_to(user=_user(request))
     error = None
@@ -131,13 +129,16 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "params": request.GET,
         "error": error,
     }
-    if _is_htmx(request):
-        return render(request, "scheduler/partials/_job_table.html", context)
-    return render(request, "scheduler/job_list.html", context, status=400 if error else 200)
+    return render_partial_or_page(
+        request,
+        page="scheduler/job_list.html",
+        partial="scheduler/partials/_job_table.html",
+        context=context,
+        status=400 if error and not wants_partial(request) else 200,
+    )
 
 
 @login_required
-@vary_on_headers("HX-Request")
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.job_get_visible(user=_user(request), job_id=job_id)
     role = project_role_of(user=_user(request), project=job.project)
@@ -149,9 +150,12 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "can_cancel": role in (Role.OWNER, Role.MEMBER) and not job.is_terminal,
         "rate": job_hourly_cost(job),
     }
-    if _is_htmx(request):
-        return render(request, "scheduler/partials/_job_status.html", context)
-    return render(request, "scheduler/job_detail.html", context)
+    return render_partial_or_page(
+        request,
+        page="scheduler/job_detail.html",
+        partial="scheduler/partials/_job_status.html",
+        context=context,
+    )
 
 
 @login_required
