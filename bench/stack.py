@@ -4,6 +4,7 @@ database, plus in-process simulated agents. PostgreSQL and Redis are the configu
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -43,6 +44,7 @@ class Stack:
         }
         self.port, self.web_workers, self.queues = port, web_workers, queues
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.swarms: list[subprocess.Popen[bytes]] = []
         self.stop_agents = threading.Event()
         self.agent_threads: list[threading.Thread] = []
 
@@ -108,7 +110,38 @@ class Stack:
                 target=Agent(config).run, args=(self.stop_agents,), daemon=True
             ).start()
 
+    def swarm(
+        self,
+        tokens: dict[str, str],
+        processes: int,
+        poll_s: float | None = None,
+        heartbeat_s: float | None = None,
+    ) -> None:
+        """The agents in `processes` separate processes (`bench.agent_swarm`), not in this one."""
+        folder = Path(tempfile.mkdtemp(prefix="bench-swarm-tokens-"))
+        names = sorted(tokens)
+        for k in range(processes):
+            part = {name: tokens[name] for name in names[k::processes]}
+            path = folder / f"tokens-{k}.json"
+            path.write_text(json.dumps(part), encoding="utf-8")
+            args = [sys.executable, "-m", "bench.agent_swarm", str(path), "--portal", self.url]
+            if poll_s is not None:
+                args += ["--poll", str(poll_s)]
+            if heartbeat_s is not None:
+                args += ["--heartbeat", str(heartbeat_s)]
+            self.swarms.append(
+                subprocess.Popen(args, cwd=REPO, env=self.env, start_new_session=True)
+            )
+
     def stop(self) -> None:
+        for p in self.swarms:  # agents stop their work and report it while web is up
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        for p in self.swarms:
+            try:
+                p.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
         self.stop_agents.set()
         for thread in self.agent_threads:  # they stop their work and report it while web is up
             thread.join(timeout=40)

@@ -17,6 +17,8 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 # One test run (and the processes it starts) shares a prefix that no other run uses.
 TEST_RUN_ID = os.environ.setdefault("TEST_RUN_ID", str(os.getpid()))
 CACHES["default"]["KEY_PREFIX"] = f"test-{TEST_RUN_ID}"  # noqa: F405
+# Live telemetry too: two runs (or benchmark stacks) on one Redis never read each other's GPUs.
+MONITORING_KEY_PREFIX = os.environ.get("MONITORING_KEY_PREFIX") or f"mon-{TEST_RUN_ID}"
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
 # Broker keys of this test run cannot be taken by another run on the same Redis.
