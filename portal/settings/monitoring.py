@@ -6,6 +6,7 @@ _env = environ.Env()
 
 # Every heartbeat's telemetry goes to the monitoring ingest (live window + raw samples for rollups).
 SCHEDULER_TELEMETRY_SINKS = ["monitoring.ingest.ingest_samples"]
+SCHEDULER_ALLOCATION_LISTENERS = ["monitoring.ingest.allocations_changed"]
 
 # Redis keys of the live window and the raw samples start with this (tests isolate by it).
 MONITORING_KEY_PREFIX = _env("MONITORING_KEY_PREFIX", default="mon")

@@ -15,6 +15,7 @@ from monitoring.fleet import fleet_snapshot_take, frag_ratio_core, largest_gang
 from monitoring.ingest import ingest_samples
 from monitoring.models import FleetSnapshot
 from monitoring.rollups import flush_rollups
+from scheduler.models import Allocation
 from tests.monitoring.conftest import feed, hold, sample
 
 pytestmark = pytest.mark.django_db
@@ -26,6 +27,8 @@ def chart(body, key):
 
 def test_job_series_live_and_from_rollups(running, api, team, now):
     gpu, job, node = running["gpu"], running["job"], running["node"]
+    held_from = now - timedelta(minutes=10)
+    Allocation.objects.filter(job=job).update(started_at=held_from)
     at = job.started_at + timedelta(seconds=1)
     ingest_samples(node=node, samples=[sample(gpu, utilization=33.0)], now=at)
     resp = api(team["viewer"]).get(f"/api/v1/monitoring/jobs/{job.pk}/series?range=15m")
@@ -42,14 +45,16 @@ def test_job_series_live_and_from_rollups(running, api, team, now):
     ingest_samples(
         node=node,
         samples=[sample(gpu, utilization=99.0)],
-        now=job.started_at - timedelta(minutes=5),
+        now=held_from - timedelta(minutes=5),
     )
     body = api(team["viewer"]).get(f"/api/v1/monitoring/jobs/{job.pk}/series?range=1h").json()
     assert 99.0 not in chart(body, "utilization")["values"][0]
-    # 24 hours come from the minute rollups of this job
+    # 24 hours come from the minute rollups of this job: samples from its allocation on,
+    # and the earlier ones (before it held the GPU) are idle rows, not the job's
     live.clear()
-    feed(node, [gpu], start=now - timedelta(minutes=30), minutes=10, utilization=20.0)
-    flush_rollups(now=now)
+    feed(node, [gpu], start=held_from - timedelta(minutes=3), minutes=2, utilization=77.0)
+    feed(node, [gpu], start=held_from + timedelta(seconds=1), minutes=10, utilization=20.0)
+    flush_rollups(now=held_from + timedelta(minutes=12))
     body = api(team["member"]).get(f"/api/v1/monitoring/jobs/{job.pk}/series?range=24h").json()
     values = [v for v in chart(body, "utilization")["values"][0] if v is not None]
     assert values and all(v == pytest.approx(20.0) for v in values)
