@@ -50,6 +50,7 @@ class NodeHolders:
 
 
 _cache: dict[tuple[str, int], NodeHolders] = {}
+stats = {"reads": 0}  # interval reads from the database by this process (the benchmark reports it)
 
 
 def holders_of(node_id: int, *, since_ts: float, generation: str = "0") -> NodeHolders:
@@ -94,6 +95,7 @@ def _cached(node_id: int, oldest_ts: float) -> NodeHolders | None:
 
 def _fetch(node_id: int, *, generation: str, oldest_ts: float, now_ts: float) -> NodeHolders:
     entry = holders_of(node_id, since_ts=min(oldest_ts, now_ts - HORIZON_S), generation=generation)
+    stats["reads"] += 1
     if len(_cache) > 50_000:
         _cache.clear()
     _cache[(live.prefix(), node_id)] = entry
