@@ -107,9 +107,13 @@ def test_cluster_overview_is_staff_only_with_bounded_queries(
     # 2 free on one node and 1 on the other: an equal-width gang gets 2 (1 × 2 or 2 × 1)
     assert models["H100-80GB-SXM"]["largest_gang"] == 2
     assert models["L4"]["free"] == 4 and models["L4"]["gang_shape"] == [1, 4]
-    cells = [g for n in body["heatmap"] for g in n["gpus"]]
-    assert len(cells) == 8 and sum(1 for g in cells if g[4] > 0) == 1
-    assert all(g[3] == 50.0 for g in cells)
+    hm = body["heatmap"]
+    assert sum(n[3] for n in hm["nodes"]) == len(hm["gpu"]) == 8
+    assert [n[1] for n in hm["nodes"]] == ["h1", "h2", "l1"]
+    assert sum(1 for used in hm["used_milli"] if used > 0) == 1
+    assert hm["util"] == [50.0] * 8
+    assert [hm["models"][m] for m in hm["model"]] == ["H100-80GB-SXM"] * 4 + ["L4"] * 4
+    assert {hm["healths"][h] for h in hm["health"]} == {"healthy"}
     assert body["fragmentation"] is not None
     assert {c["key"] for c in body["charts"]} == {"util", "held", "frag"}
     held = chart(body, "held")
@@ -262,3 +266,24 @@ def test_grafana_dashboard_queries_only_metrics_we_expose(running, now):
         for name in re.findall(r"\b(DCGM_FI_\w+|gpucloud_\w+)", target["expr"])
     }
     assert len(used) >= 15 and used <= exposed, used - exposed
+
+
+def test_cluster_overview_is_computed_once_per_cache_window_for_all_operators(
+    fleet, api, make_user, now, settings, django_assert_max_num_queries
+):
+    settings.MONITORING_OVERVIEW_CACHE_S = 60
+    node = fleet["nodes"]["h1"]
+    ingest_samples(
+        node=node, samples=[sample(g, utilization=10.0) for g in node.gpus.all()], now=now
+    )
+    first = api(make_user(staff=True)).get("/api/v1/monitoring/cluster").json()
+    ingest_samples(
+        node=node, samples=[sample(g, utilization=90.0) for g in node.gpus.all()], now=now
+    )
+    other = api(make_user(staff=True))
+    with django_assert_max_num_queries(0):  # another operator, inside the window: shared result
+        again = other.get("/api/v1/monitoring/cluster").json()
+    assert again == first and 10.0 in first["heatmap"]["util"]
+    settings.MONITORING_OVERVIEW_CACHE_S = 0  # no sharing: computed now, with the new samples
+    fresh = api(make_user(staff=True)).get("/api/v1/monitoring/cluster").json()
+    assert 90.0 in fresh["heatmap"]["util"] and 10.0 not in fresh["heatmap"]["util"]
