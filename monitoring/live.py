@@ -290,10 +290,23 @@ def windows(
     if not nodes:
         return {}
     if use_redis():
-        pipe = redis_client().pipeline(transaction=False)
-        for n in nodes:
-            pipe.lrange(key("win", n), -max_points, -1)
-        raw_lists: list[list[Any]] = pipe.execute()
+        # Newest first in growing steps: stop once an entry older than `since_ts` was read.
+        raw_lists: list[list[Any]] = [[] for _ in nodes]
+        todo = list(range(len(nodes)))
+        step = max(1, min(max_points, 64))
+        got = 0
+        while todo and got < max_points:
+            take = min(step, max_points - got)
+            pipe = redis_client().pipeline(transaction=False)
+            for i in todo:
+                pipe.lrange(key("win", nodes[i]), -(got + take), -(got + 1))
+            more = []
+            for i, chunk in zip(todo, pipe.execute(), strict=True):
+                raw_lists[i][:0] = chunk
+                first = text(chunk[0]).partition(";")[0] if chunk else ""
+                if len(chunk) == take and first and float(first) >= since_ts:
+                    more.append(i)
+            todo, got, step = more, got + take, step * 4
     else:
         found = cache.get_many([key("win", n) for n in nodes])
         raw_lists = [found.get(key("win", n), [])[-max_points:] for n in nodes]

@@ -236,7 +236,7 @@ def _process(token: str) -> int:
         if len(chunk) < READ_CHUNK:
             break
         start += READ_CHUNK
-    samples = sum(e.count(b"\n" if isinstance(e, bytes) else "\n") + 1 for e in entries)
+    samples = sum(live.text(e).count("\n") + 1 for e in entries)
     if entries:
         rows, cluster = aggregate(entries)
         with transaction.atomic():
