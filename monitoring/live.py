@@ -2,19 +2,23 @@
 
 Keys (prefix `settings.MONITORING_KEY_PREFIX`, "mon" by default):
 
-- `mon:latest`            hash gpu_id → JSON of its latest sample (with `at_ts`, `job_ids`), and
+- `mon:latest`            hash gpu_id → JSON of its newest sample (with `at_ts`, `job_ids`), and
                           "u<gpu_id>" → "utilization,ts" for the heatmap;
                           readers drop samples older than MONITORING_LATEST_TTL_S;
-- `mon:win:<node_id>`     list of heartbeats "ts;gpu,util,mem,temp,power,job;gpu,...", capped
-                          at MONITORING_LIVE_POINTS, expires with the window;
-- `mon:raw:<minute>`      raw samples of one minute, waiting for the rollup flush;
+- `mon:win:<node_id>`     list, one element per heartbeat: its sampled instants, oldest first,
+                          "ts;gpu,util,mem,temp,power,job;gpu,...|ts;...", capped at
+                          MONITORING_LIVE_POINTS heartbeats, expires with the window;
+- `mon:raw:<minute>`      raw samples of one minute, one element per heartbeat ("\n"-joined
+                          lines), waiting for the rollup flush;
 - `mon:raw-minutes`       set of minutes with raw samples; `mon:proc-set` batches being flushed;
 - `mon:cl:<10 s bucket>`  hash of fleet counters per GPU model (n, util sum, held) for live charts;
-- `mon:lastxid`           hash gpu_id → "xid,ts" of the last XID each GPU reported.
+- `mon:lastxid`           hash gpu_id → "xid,ts" of the last XID each GPU reported;
+- `mon:gen`               hash node_id → allocation generation (see monitoring.ingest);
+- `mon:overview:<range>`  (Django cache) the cluster overview JSON, shared for a moment.
 
-One heartbeat is about ten Redis commands in one pipeline, whatever the number of GPUs.
-Without Redis (the embedded default) the same reads and writes go to the Django cache, which is
-good enough for a one-laptop demo and not meant for a fleet.
+One heartbeat is one Redis command (EVALSHA of WRITE_SCRIPT), whatever the number of GPUs and
+samples. Without Redis (the embedded default) the same reads and writes go to the Django cache,
+which is good enough for a one-laptop demo and not meant for a fleet.
 """
 
 from __future__ import annotations
