@@ -42,6 +42,8 @@ log = logging.getLogger("agent")
 
 SHUTDOWN_REPORT_ATTEMPTS = 3
 MIN_INTERVAL_S = 0.05  # whatever the portal answers, the agent does not spin
+SAMPLE_INTERVAL_S = 1.0  # GPUs are sampled at 1 Hz; each heartbeat carries what accumulated
+MAX_BUFFERED_INSTANTS = 30  # kept while the portal is unreachable; the oldest are dropped
 
 
 def host_resources() -> tuple[int, int]:
@@ -97,6 +99,8 @@ class Agent:
         self._next_contact = 0.0
         self._next_heartbeat = 0.0
         self._next_poll = 0.0
+        self._next_sample = 0.0
+        self._buffer: list[tuple[float, list[dict[str, Any]]]] = []  # (monotonic, records)
         self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -214,6 +218,9 @@ class Agent:
         """One round: reap and ship, then whatever contact with the portal is due."""
         self.runner.poll()
         now = time.monotonic()
+        if now >= self._next_sample:
+            self._sample()
+            self._next_sample = now + SAMPLE_INTERVAL_S
         if now < self._next_contact:
             return
         attempts = self.config.request_attempts
@@ -252,14 +259,27 @@ class Agent:
         self._reconcile = True  # on reconnect: report what runs, then apply assignments
         self._next_contact = time.monotonic() + delay
 
-    def _heartbeat(self, *, attempts: int | None, stop: threading.Event | None = None) -> None:
+    def _sample(self) -> None:
+        """Buffer one telemetry record per GPU, stamped with when it was taken."""
         try:
             samples = self.backend.sample(self.runner.busy_gpus(), self.runner.processes_by_gpu())
         except Exception:  # a telemetry glitch must never stop the heartbeat
             log.exception("GPU telemetry failed; heartbeat without it")
-            samples = []
+            return
+        self._buffer.append((time.monotonic(), samples))
+        del self._buffer[:-MAX_BUFFERED_INSTANTS]
+
+    def _heartbeat(self, *, attempts: int | None, stop: threading.Event | None = None) -> None:
+        if not self._buffer or time.monotonic() - self._buffer[-1][0] >= SAMPLE_INTERVAL_S / 2:
+            self._sample()  # the newest instant is taken now
+        sent, sent_at = list(self._buffer), time.monotonic()
         body = {
-            "telemetry": [{k: s.get(k) for k in TELEMETRY_KEYS} for s in samples],
+            # every buffered instant, oldest first; `age_s` (not a clock time) places each sample
+            "telemetry": [
+                {**{k: s.get(k) for k in TELEMETRY_KEYS}, "age_s": round(sent_at - taken, 3)}
+                for taken, samples in sent
+                for s in samples
+            ],
             "running": self.runner.running(),
         }
         try:
@@ -269,7 +289,9 @@ class Agent:
             return
         except RequestRejected as exc:
             log.error("heartbeat refused: %s", exc)
+            self._buffer.clear()  # the portal will not take them: do not resend
             return
+        del self._buffer[: len(sent)]
         self._set_fenced(bool(answer.get("fenced")))
 
     def _poll_assignments(self, *, attempts: int | None) -> None:

@@ -9,6 +9,7 @@ computed on beat and kept as `FleetSnapshot` rows, which make the ratio over tim
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,12 +17,14 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import Sum
 
+from monitoring import live
 from monitoring.models import FleetSnapshot
 from scheduler.models import Allocation, Gpu, Job, JobState, Node
 
 log = logging.getLogger(__name__)
 
 SCHEDULABLE = (Node.State.READY,)
+EXCLUSIVE = Gpu.SharingMode.EXCLUSIVE
 
 
 @dataclass
@@ -62,14 +65,16 @@ class ModelCapacity:
         return 100.0 * self.allocated_milli / self.capacity_milli if self.capacity_milli else 0.0
 
 
-def gpu_cells() -> list[GpuCell]:
-    """Every GPU of every node still in the fleet, with the milli-GPU held on it (two queries)."""
-    used = dict(
-        Allocation.objects.filter(ended_at__isnull=True)
-        .values("gpu_id")
-        .annotate(milli=Sum("share_milli"))
-        .values_list("gpu_id", "milli")
-    )
+GpuRow = tuple[int, int, int, str, str, str, str, int]  # GpuCell without used_milli
+_structure: dict[str, tuple[float, list[GpuRow]]] = {}
+
+
+def _gpu_rows(max_age_s: float) -> list[GpuRow]:
+    """Every GPU of every live node (one query), reused for `max_age_s` in this process."""
+    cache_key = live.prefix()
+    hit = _structure.get(cache_key)
+    if hit is not None and time.monotonic() - hit[0] < max_age_s:
+        return hit[1]
     rows = (
         Gpu.objects.exclude(node__state=Node.State.RETIRED)
         .order_by("node__name", "index")
@@ -85,13 +90,46 @@ def gpu_cells() -> list[GpuCell]:
             "oversubscription",
         )
     )
-    cells = []
-    for pk, index, node_id, node, state, model, health, sharing, over in rows:
-        cap = 1000 if sharing == Gpu.SharingMode.EXCLUSIVE else 1000 * over
-        cells.append(
-            GpuCell(pk, index, node_id, node, state, model, health, cap, int(used.get(pk, 0)))
+    out = [
+        (
+            pk,
+            index,
+            node_id,
+            node,
+            state,
+            model,
+            health,
+            1000 if sharing == EXCLUSIVE else 1000 * over,
         )
-    return cells
+        for pk, index, node_id, node, state, model, health, sharing, over in rows
+    ]
+    if max_age_s > 0:
+        _structure.clear()
+        _structure[cache_key] = (time.monotonic(), out)
+    return out
+
+
+def held_milli() -> dict[int, int]:
+    """Milli-GPU held on each GPU now (one query)."""
+    return dict(
+        Allocation.objects.filter(ended_at__isnull=True)
+        .values("gpu_id")
+        .annotate(milli=Sum("share_milli"))
+        .values_list("gpu_id", "milli")
+    )
+
+
+def gpu_cells(*, structure_max_age_s: float = 0.0) -> list[GpuCell]:
+    """Every GPU of every node still in the fleet, with the milli-GPU held on it (two queries).
+
+    With `structure_max_age_s`, the GPU/node rows (not what is held) may come from this
+    process's copy of that age: the overview polls every 2 s and the fleet changes rarely.
+    """
+    used = held_milli()
+    return [
+        GpuCell(pk, index, node_id, node, state, model, health, cap, int(used.get(pk, 0)))
+        for pk, index, node_id, node, state, model, health, cap in _gpu_rows(structure_max_age_s)
+    ]
 
 
 def largest_gang(free_per_node: dict[int, int]) -> tuple[int, tuple[int, int]]:

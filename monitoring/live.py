@@ -2,19 +2,23 @@
 
 Keys (prefix `settings.MONITORING_KEY_PREFIX`, "mon" by default):
 
-- `mon:latest`            hash gpu_id → JSON of its latest sample (with `at_ts`, `job_ids`), and
+- `mon:latest`            hash gpu_id → JSON of its newest sample (with `at_ts`, `job_ids`), and
                           "u<gpu_id>" → "utilization,ts" for the heatmap;
                           readers drop samples older than MONITORING_LATEST_TTL_S;
-- `mon:win:<node_id>`     list of heartbeats "ts;gpu,util,mem,temp,power,job;gpu,...", capped
-                          at MONITORING_LIVE_POINTS, expires with the window;
-- `mon:raw:<minute>`      raw samples of one minute, waiting for the rollup flush;
+- `mon:win:<node_id>`     list, one element per heartbeat: its sampled instants, oldest first,
+                          "ts;gpu,util,mem,temp,power,job;gpu,...|ts;...", capped at
+                          MONITORING_LIVE_POINTS heartbeats, expires with the window;
+- `mon:raw:<minute>`      raw samples of one minute, one element per heartbeat ("\n"-joined
+                          lines), waiting for the rollup flush;
 - `mon:raw-minutes`       set of minutes with raw samples; `mon:proc-set` batches being flushed;
 - `mon:cl:<10 s bucket>`  hash of fleet counters per GPU model (n, util sum, held) for live charts;
-- `mon:lastxid`           hash gpu_id → "xid,ts" of the last XID each GPU reported.
+- `mon:lastxid`           hash gpu_id → "xid,ts" of the last XID each GPU reported;
+- `mon:gen`               hash node_id → allocation generation (see monitoring.ingest);
+- `mon:overview:<range>`  (Django cache) the cluster overview JSON, shared for a moment.
 
-One heartbeat is about ten Redis commands in one pipeline, whatever the number of GPUs.
-Without Redis (the embedded default) the same reads and writes go to the Django cache, which is
-good enough for a one-laptop demo and not meant for a fleet.
+One heartbeat is one Redis command (EVALSHA of WRITE_SCRIPT), whatever the number of GPUs and
+samples. Without Redis (the embedded default) the same reads and writes go to the Django cache,
+which is good enough for a one-laptop demo and not meant for a fleet.
 """
 
 from __future__ import annotations
@@ -79,77 +83,144 @@ def fmt(value: float | int | None) -> str:
 
 @dataclass
 class Batch:
-    """Everything one heartbeat writes, gathered so it goes to Redis in one round trip."""
+    """Everything one heartbeat writes (one or more samples per GPU), sent as one Redis command."""
 
     now_ts: float
     node_id: int = 0
-    latest: dict[int, str] = field(default_factory=dict)  # gpu_id → JSON
+    latest: dict[int, str] = field(default_factory=dict)  # gpu_id → JSON of its newest sample
     utils: dict[int, str] = field(default_factory=dict)  # gpu_id → "util,ts" (for the heatmap)
-    points: dict[int, str] = field(default_factory=dict)  # gpu_id → "gpu,util,mem,temp,power,job"
-    raw: list[str] = field(default_factory=list)
-    cluster: dict[str, float] = field(default_factory=dict)
+    slices: dict[float, list[str]] = field(default_factory=dict)  # ts → ["gpu,u,m,t,p,job"]
+    raw: dict[int, list[str]] = field(default_factory=dict)  # minute → raw sample lines
+    cluster: dict[int, dict[str, float]] = field(default_factory=dict)  # 10 s bucket → counters
     xids: dict[int, str] = field(default_factory=dict)
 
-    def count(self, model: str, util: float | None, held: bool) -> None:
+    def count(self, ts: float, model: str, util: float | None, held: bool) -> None:
         if util is None:
             return
-        c = self.cluster
+        bucket = int(ts // CLUSTER_STEP_S) * CLUSTER_STEP_S
+        c = self.cluster.get(bucket)
+        if c is None:
+            c = self.cluster[bucket] = {}
         c[f"n:{model}"] = c.get(f"n:{model}", 0) + 1
         c[f"u:{model}"] = c.get(f"u:{model}", 0.0) + util
         if held:
             c[f"h:{model}"] = c.get(f"h:{model}", 0) + 1
 
+    def window_entry(self) -> str:
+        """One list element per heartbeat: its sample instants, oldest first, '|'-separated."""
+        return "|".join(
+            f"{ts:.3f};" + ";".join(points) for ts, points in sorted(self.slices.items())
+        )
 
-_queued_minutes: set[str] = set()  # raw keys this process already gave an expiry
+
+# One heartbeat, one command: the writes run only if the node's allocation generation is still
+# the one the batch was attributed with; otherwise the script returns the current generation and
+# the caller re-reads the holders and tries again (optimistic, no lock, no SQL when unchanged).
+WRITE_SCRIPT = """
+local p, node = ARGV[1], ARGV[2]
+local gen = redis.call('HGET', p .. ':gen', node) or '0'
+if ARGV[3] ~= '*' and gen ~= ARGV[3] then return gen end
+local i = 4
+local n = tonumber(ARGV[i]); i = i + 1
+if n > 0 then
+  redis.call('HSET', p .. ':latest', unpack(ARGV, i, i + 2 * n - 1)); i = i + 2 * n
+end
+if ARGV[i] ~= '' then
+  local w = p .. ':win:' .. node
+  redis.call('RPUSH', w, ARGV[i])
+  redis.call('LTRIM', w, -tonumber(ARGV[i + 1]), -1)
+  redis.call('EXPIRE', w, ARGV[i + 2])
+end
+i = i + 3
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local r = p .. ':raw:' .. ARGV[i]
+  redis.call('RPUSH', r, ARGV[i + 1])
+  redis.call('SADD', p .. ':raw-minutes', ARGV[i])
+  redis.call('EXPIRE', r, 86400)
+  i = i + 2
+end
+n = tonumber(ARGV[i]); i = i + 1
+local ttl = ARGV[i]; i = i + 1
+for _ = 1, n do
+  local c = p .. ':cl:' .. ARGV[i]
+  local k = tonumber(ARGV[i + 1]); i = i + 2
+  for _ = 1, k do
+    if string.sub(ARGV[i], 1, 2) == 'u:' then
+      redis.call('HINCRBYFLOAT', c, ARGV[i], ARGV[i + 1])
+    else
+      redis.call('HINCRBY', c, ARGV[i], ARGV[i + 1])
+    end
+    i = i + 2
+  end
+  redis.call('EXPIRE', c, ttl)
+end
+n = tonumber(ARGV[i]); i = i + 1
+if n > 0 then redis.call('HSET', p .. ':lastxid', unpack(ARGV, i, i + 2 * n - 1)) end
+return false
+"""
+
+_script: Any = None
 
 
-def write(batch: Batch) -> None:
-    """One pipeline: latest, window append and trim, raw samples, fleet counters, XIDs."""
-    minute = int(batch.now_ts // 60)
-    cl_bucket = int(batch.now_ts // CLUSTER_STEP_S) * CLUSTER_STEP_S
+def _write_script() -> Any:
+    global _script
+    client = redis_client()
+    if _script is None or _script.registered_client is not client:
+        _script = client.register_script(WRITE_SCRIPT)
+    return _script
+
+
+def write(batch: Batch, *, generation: str = "*") -> str | None:
+    """Write one heartbeat: latest, window entry, raw samples, fleet counters, XIDs.
+
+    With Redis it is one EVALSHA. `generation` is the node's allocation generation the batch was
+    attributed with ("*": unconditional); if it changed meanwhile nothing is written and the
+    current generation is returned, so the caller can attribute again. None means written.
+    """
     window_s = int(settings.MONITORING_LIVE_WINDOW_S)
     points = int(settings.MONITORING_LIVE_POINTS)
-    entry = f"{batch.now_ts:.3f};" + ";".join(batch.points.values()) if batch.points else ""
+    entry = batch.window_entry()
     if not use_redis():
-        _cache_write(batch, entry, window_s, points, cl_bucket)
+        _cache_write(batch, entry, window_s, points)
+        return None
+    args: list[Any] = [prefix(), batch.node_id, generation, len(batch.latest) + len(batch.utils)]
+    for gpu_id, blob in batch.latest.items():
+        args += (gpu_id, blob)
+    for gpu_id, util in batch.utils.items():
+        args += (f"u{gpu_id}", util)
+    args += (entry, points, window_s, len(batch.raw))
+    for minute, lines in batch.raw.items():
+        args += (minute, "\n".join(lines))
+    args += (len(batch.cluster), window_s + 120)
+    for bucket, counters in batch.cluster.items():
+        args += (bucket, len(counters))
+        for name, value in counters.items():
+            args += (name, repr(float(value)) if name.startswith("u:") else int(value))
+    args.append(len(batch.xids))
+    for gpu_id, xid in batch.xids.items():
+        args += (gpu_id, xid)
+    result = _write_script()(args=args)
+    return None if result is None else text(result)
+
+
+def generation(node_id: int) -> str:
+    """The node's allocation generation (bumped whenever an allocation on it starts or ends)."""
+    raw = redis_client().hget(key("gen"), str(node_id))
+    return "0" if raw is None else text(raw)
+
+
+def bump_generations(node_ids: Iterable[int]) -> None:
+    ids = sorted(set(node_ids))
+    if not ids or not use_redis():
         return
     pipe = redis_client().pipeline(transaction=False)
-    if batch.latest:
-        pipe.hset(
-            key("latest"),
-            mapping={
-                **{str(k): v for k, v in batch.latest.items()},
-                **{f"u{k}": v for k, v in batch.utils.items()},
-            },
-        )
-    if entry:
-        wkey = key("win", batch.node_id)
-        pipe.rpush(wkey, entry)
-        pipe.ltrim(wkey, -points, -1)
-        pipe.expire(wkey, window_s)
-    if batch.raw:
-        rkey = key("raw", minute)
-        pipe.rpush(rkey, *batch.raw)
-        pipe.sadd(key("raw-minutes"), minute)  # every time: a flush may have taken the minute
-        if rkey not in _queued_minutes:  # a safety expiry, once per minute and process
-            pipe.expire(rkey, 86_400)
-            if len(_queued_minutes) > 1000:
-                _queued_minutes.clear()
-            _queued_minutes.add(rkey)
-    if batch.cluster:
-        ckey = key("cl", cl_bucket)
-        for name, value in batch.cluster.items():
-            if name.startswith("u:"):
-                pipe.hincrbyfloat(ckey, name, value)
-            else:
-                pipe.hincrby(ckey, name, int(value))
-        pipe.expire(ckey, window_s + 120)
-    if batch.xids:
-        pipe.hset(key("lastxid"), mapping={str(k): v for k, v in batch.xids.items()})
+    for node_id in ids:
+        pipe.hincrby(key("gen"), str(node_id), 1)
     pipe.execute()
 
 
-def _cache_write(batch: Batch, entry: str, window_s: int, points: int, cl_bucket: int) -> None:
+def _cache_write(batch: Batch, entry: str, window_s: int, points: int) -> None:
     """The embedded default: read-modify-write through the Django cache (one process, demo scale)."""
     latest_all = cache.get(key("latest"), {})
     latest_all.update({str(k): v for k, v in batch.latest.items()})
@@ -158,11 +229,12 @@ def _cache_write(batch: Batch, entry: str, window_s: int, points: int, cl_bucket
     if entry:
         wkey = key("win", batch.node_id)
         cache.set(wkey, [*cache.get(wkey, []), entry][-points:], timeout=window_s)
-    ckey = key("cl", cl_bucket)
-    counters = cache.get(ckey, {})
-    for name, value in batch.cluster.items():
-        counters[name] = counters.get(name, 0) + value
-    cache.set(ckey, counters, timeout=window_s + 120)
+    for bucket, values in batch.cluster.items():
+        ckey = key("cl", bucket)
+        counters = cache.get(ckey, {})
+        for name, value in values.items():
+            counters[name] = counters.get(name, 0) + value
+        cache.set(ckey, counters, timeout=window_s + 120)
     if batch.xids:
         xids = cache.get(key("lastxid"), {})
         xids.update({str(k): v for k, v in batch.xids.items()})
@@ -222,25 +294,43 @@ def windows(
     if not nodes:
         return {}
     if use_redis():
-        pipe = redis_client().pipeline(transaction=False)
-        for n in nodes:
-            pipe.lrange(key("win", n), -max_points, -1)
-        raw_lists: list[list[Any]] = pipe.execute()
+        # Newest first in growing steps: stop once an entry older than `since_ts` was read.
+        raw_lists: list[list[Any]] = [[] for _ in nodes]
+        todo = list(range(len(nodes)))
+        step = max(1, min(max_points, 64))
+        got = 0
+        while todo and got < max_points:
+            take = min(step, max_points - got)
+            pipe = redis_client().pipeline(transaction=False)
+            for i in todo:
+                pipe.lrange(key("win", nodes[i]), -(got + take), -(got + 1))
+            more = []
+            for i, chunk in zip(todo, pipe.execute(), strict=True):
+                raw_lists[i][:0] = chunk
+                first = text(chunk[0]).partition(";")[0] if chunk else ""
+                if len(chunk) == take and first and float(first) >= since_ts:
+                    more.append(i)
+            todo, got, step = more, got + take, step * 4
     else:
         found = cache.get_many([key("win", n) for n in nodes])
         raw_lists = [found.get(key("win", n), [])[-max_points:] for n in nodes]
     out: dict[int, list[Point]] = {g: [] for gs in gpus_by_node.values() for g in gs}
     for node_id, raws in zip(nodes, raw_lists, strict=True):
-        wanted = {str(g) for g in gpus_by_node[node_id]}
+        wanted = {str(g): out[g] for g in gpus_by_node[node_id]}
         for raw in raws:
-            ts_s, _sep, rest = text(raw).partition(";")
-            ts = float(ts_s)
-            if ts < since_ts:
-                continue
-            for part in rest.split(";"):
-                gpu_s, _c, values = part.partition(",")
-                if gpu_s in wanted:
-                    out[int(gpu_s)].append(parse_point(f"{ts_s},{values}"))
+            for instant in text(raw).split("|"):
+                ts_s, _sep, rest = instant.partition(";")
+                ts = float(ts_s)
+                if ts < since_ts:
+                    continue
+                for part in rest.split(";"):
+                    gpu_s, _c, values = part.partition(",")
+                    points = wanted.get(gpu_s)
+                    if points is not None:
+                        util, mem, temp, power, job = values.split(",")
+                        points.append(
+                            Point(ts, _num(util), _num(mem), _num(temp), _num(power), int(job or 0))
+                        )
     return out
 
 

@@ -53,13 +53,18 @@ def minute_start(minute: int) -> datetime:
     return datetime.fromtimestamp(minute * 60, tz=UTC)
 
 
+def _lines(entries: Iterable[bytes | str]) -> Iterable[str]:
+    """Sample lines of raw entries (one entry holds one heartbeat's lines of one minute)."""
+    for raw in entries:
+        yield from (raw.decode() if isinstance(raw, bytes) else raw).split("\n")
+
+
 def aggregate(entries: Iterable[bytes | str]) -> tuple[GpuRows, ClusterRows]:
     """Per (GPU, job) accumulators and per-model fleet counters of raw sample lines."""
     idle_below = float(settings.MONITORING_IDLE_UTIL_PCT)
     rows: GpuRows = {}
     cluster: ClusterRows = {}
-    for raw in entries:
-        text = raw.decode() if isinstance(raw, bytes) else raw
+    for text in _lines(entries):
         gpu_s, model, job_s, share_s, first, util_s, mem_s, temp_s, power_s = text.split(",")
         gpu, job = int(gpu_s), int(job_s)
         util = float(util_s)
@@ -231,16 +236,15 @@ def _process(token: str) -> int:
         if len(chunk) < READ_CHUNK:
             break
         start += READ_CHUNK
+    samples = sum(live.text(e).count("\n") + 1 for e in entries)
     if entries:
         rows, cluster = aggregate(entries)
         with transaction.atomic():
-            RollupFlush.objects.create(
-                token=token, bucket=minute_start(minute), samples=len(entries)
-            )
+            RollupFlush.objects.create(token=token, bucket=minute_start(minute), samples=samples)
             upsert_minute(minute, rows, cluster, replace=False)
     client.delete(proc)
     client.srem(live.key("proc-set"), token)
-    return len(entries)
+    return samples
 
 
 def flush_rollups(*, now: datetime) -> int:

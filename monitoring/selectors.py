@@ -15,7 +15,9 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import ExpressionWrapper, F, FloatField, Q, QuerySet, Sum
 from django.utils.module_loading import import_string
 
@@ -241,28 +243,52 @@ def cluster_series(rng: ChartRange, *, now: datetime) -> list[dict[str, Any]]:
     ]
 
 
+HEALTHS = ("healthy", "degraded", "unhealthy")
+
+
+def heatmap(cells: list[fleet.GpuCell], utils: dict[int, float]) -> dict[str, Any]:
+    """Every GPU in node order as parallel arrays; node i owns the next `nodes[i][3]` cells.
+
+    Columns rather than one object per GPU: at 20,000 GPUs this is a few hundred kB of
+    numbers that encode and draw quickly.
+    """
+    nodes: list[list[Any]] = []
+    models: dict[str, int] = {}
+    healths = {h: i for i, h in enumerate(HEALTHS)}
+    gpu, index, model, util, used, capacity, health = [], [], [], [], [], [], []
+    last = None
+    for c in cells:
+        if c.node_id != last:
+            nodes.append([c.node_id, c.node, c.node_state, 0])
+            last = c.node_id
+        nodes[-1][3] += 1
+        gpu.append(c.gpu_id)
+        index.append(c.index)
+        model.append(models.setdefault(c.model, len(models)))
+        util.append(utils.get(c.gpu_id))
+        used.append(c.used_milli)
+        capacity.append(c.capacity_milli)
+        health.append(healths.get(c.health, 0))
+    return {
+        "nodes": nodes,
+        "models": list(models),
+        "healths": list(HEALTHS),
+        "gpu": gpu,
+        "index": index,
+        "model": model,
+        "util": util,
+        "used_milli": used,
+        "capacity_milli": capacity,
+        "health": health,
+    }
+
+
 def cluster_overview(rng: ChartRange, *, now: datetime) -> dict[str, Any]:
     """Everything the operators' overview polls: heatmap, capacity, queue, charts."""
-    cells = fleet.gpu_cells()
+    cells = fleet.gpu_cells(structure_max_age_s=float(settings.MONITORING_FLEET_CACHE_S))
     utils = live.latest_utilization(c.gpu_id for c in cells)
     capacity = fleet.fleet_capacity(cells)
     queue = fleet.queue_by_model()
-    nodes: list[dict[str, Any]] = []
-    by_node: dict[int, dict[str, Any]] = {}
-    for c in cells:
-        entry = by_node.get(c.node_id)
-        if entry is None:
-            entry = by_node[c.node_id] = {
-                "id": c.node_id,
-                "name": c.node,
-                "state": c.node_state,
-                "gpus": [],
-            }
-            nodes.append(entry)
-        util = utils.get(c.gpu_id)
-        entry["gpus"].append(
-            [c.gpu_id, c.index, c.model, util, c.used_milli, c.capacity_milli, c.health]
-        )
     latest_frag = FleetSnapshot.objects.filter(model_name="").order_by("-at").first()
     models = []
     for name in sorted(set(capacity) | {m for m in queue if m != "any"}):
@@ -284,7 +310,7 @@ def cluster_overview(rng: ChartRange, *, now: datetime) -> dict[str, Any]:
     return {
         "range": rng.name,
         "generated_at": now.timestamp(),
-        "heatmap": nodes,
+        "heatmap": heatmap(cells, utils),
         "models": models,
         "queue_any": queue.get("any", {"jobs": 0, "gpus": 0.0}),
         "fragmentation": None
@@ -292,6 +318,24 @@ def cluster_overview(rng: ChartRange, *, now: datetime) -> dict[str, Any]:
         else {"ratio": round(latest_frag.frag_ratio, 1), "at": latest_frag.at.isoformat()},
         "charts": cluster_series(rng, now=now),
     }
+
+
+def cluster_overview_json(rng: ChartRange, *, now: datetime) -> bytes:
+    """The overview as JSON, shared by every operator for MONITORING_OVERVIEW_CACHE_S.
+
+    Operators all see the same fleet, and each open overview polls every 2 s: one computation
+    serves them all, and nothing is older than the cache time.
+    """
+    ttl = float(settings.MONITORING_OVERVIEW_CACHE_S)
+    cache_key = live.key("overview", rng.name)
+    if ttl > 0:
+        hit = cache.get(cache_key)
+        if hit is not None:
+            return bytes(hit)
+    body = orjson.dumps(cluster_overview(rng, now=now))
+    if ttl > 0:
+        cache.set(cache_key, body, timeout=ttl)
+    return body
 
 
 # ------------------------------------------------------------------ efficiency

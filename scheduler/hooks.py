@@ -5,7 +5,7 @@ Settings name dotted paths; the scheduler calls them and never imports those app
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 from functools import cache
 from typing import Any
@@ -37,6 +37,19 @@ def projects_over_budget(project_ids: set[int]) -> set[int]:
 def telemetry_sinks() -> list[Callable[..., Any]]:
     """Callables `sink(*, node, samples, now)` that receive every heartbeat's telemetry."""
     return [_load(p) for p in getattr(settings, "SCHEDULER_TELEMETRY_SINKS", [])]
+
+
+def allocation_listeners() -> list[Callable[..., Any]]:
+    """Callables `listener(*, node_ids)` told that allocations on those nodes started or ended."""
+    return [_load(p) for p in getattr(settings, "SCHEDULER_ALLOCATION_LISTENERS", [])]
+
+
+def allocations_changed(*, node_ids: Iterable[int]) -> None:
+    ids = set(node_ids)
+    if not ids:
+        return
+    for listener in allocation_listeners():
+        listener(node_ids=ids)
 
 
 def reserved_gpus_by_project(now: Any) -> dict[str, dict[str, int]]:

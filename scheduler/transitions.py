@@ -13,6 +13,7 @@ from django.utils import timezone
 from portal.db import bulk_update_fast
 from portal.errors import Conflict
 from portal.models import User
+from scheduler import hooks
 from scheduler.models import Allocation, Job, JobEvent
 from scheduler.models import JobState as S
 
@@ -93,9 +94,12 @@ def job_transition(
         }
     job.save(update_fields=sorted(fields))
     if current in HOLDS_GPUS and to not in HOLDS_GPUS:
-        Allocation.objects.filter(job=job, ended_at__isnull=True).update(
-            ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, "")
+        ending = Allocation.objects.filter(job=job, ended_at__isnull=True)
+        nodes = (
+            set(ending.values_list("node_id", flat=True)) if hooks.allocation_listeners() else ()
         )
+        ending.update(ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, ""))
+        hooks.allocations_changed(node_ids=nodes)
     JobEvent.objects.create(
         job=job,
         from_state=current,
@@ -127,6 +131,7 @@ def jobs_transition_bulk(
     now = timezone.now()
     fields = {"state", "updated_at", *update_fields}
     events = []
+    placed = [j.pk for j in jobs if j.state not in HOLDS_GPUS and to in HOLDS_GPUS]
     for job in jobs:
         if not can_transition(job.state, to):
             raise Conflict(
@@ -151,3 +156,6 @@ def jobs_transition_bulk(
             fields.add("queued_at")
     bulk_update_fast(Job, jobs, sorted(fields))
     JobEvent.objects.bulk_create(events)
+    if placed and hooks.allocation_listeners():  # the caller created their allocations
+        started = Allocation.objects.filter(job__in=placed, ended_at__isnull=True)
+        hooks.allocations_changed(node_ids=set(started.values_list("node_id", flat=True)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -112,9 +113,10 @@ class ClusterView(APIView):
     permission_classes = [permissions.IsAdminUser]
 
     @extend_schema(parameters=[RANGE], responses=OpenApiTypes.OBJECT, summary="Cluster overview")
-    def get(self, request: Request) -> Response:
+    def get(self, request: Request) -> HttpResponse:
         rng = selectors.parse_range(request.query_params.get("range"))
-        return Response(selectors.cluster_overview(rng, now=timezone.now()))
+        body = selectors.cluster_overview_json(rng, now=timezone.now())
+        return HttpResponse(body, content_type="application/json")
 
 
 class AlertListView(APIView):

@@ -6,12 +6,17 @@ _env = environ.Env()
 
 # Every heartbeat's telemetry goes to the monitoring ingest (live window + raw samples for rollups).
 SCHEDULER_TELEMETRY_SINKS = ["monitoring.ingest.ingest_samples"]
+SCHEDULER_ALLOCATION_LISTENERS = ["monitoring.ingest.allocations_changed"]
 
 # Redis keys of the live window and the raw samples start with this (tests isolate by it).
 MONITORING_KEY_PREFIX = _env("MONITORING_KEY_PREFIX", default="mon")
 MONITORING_LIVE_WINDOW_S = _env.int("MONITORING_LIVE_WINDOW_S", default=3600)
 # Points kept per GPU: one hour at the agents' heartbeat period (5 s) by default.
 MONITORING_LIVE_POINTS = _env.int("MONITORING_LIVE_POINTS", default=720)
+# The cluster overview is computed once and shared by every operator for this long (seconds);
+# the GPU/node list behind it is reused by a process for MONITORING_FLEET_CACHE_S.
+MONITORING_OVERVIEW_CACHE_S = _env.float("MONITORING_OVERVIEW_CACHE_S", default=2.0)
+MONITORING_FLEET_CACHE_S = _env.float("MONITORING_FLEET_CACHE_S", default=5.0)
 MONITORING_LATEST_TTL_S = _env.int("MONITORING_LATEST_TTL_S", default=120)
 MONITORING_FLUSH_GRACE_S = _env.int("MONITORING_FLUSH_GRACE_S", default=10)
 MONITORING_MINUTE_RETENTION_DAYS = _env.int("MONITORING_MINUTE_RETENTION_DAYS", default=2)

@@ -129,7 +129,7 @@ class NumberField(serializers.FloatField):
 
 
 class TelemetrySerializer(StrictSerializer):
-    uuid = serializers.CharField(max_length=64)
+    uuid = serializers.CharField(max_length=64, trim_whitespace=False)  # as NVML reports it
     utilization = NumberField(min_value=0, max_value=100, allow_null=True, required=False)
     memory_used_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
     temperature_c = NumberField(min_value=-50, max_value=200, allow_null=True, required=False)
@@ -144,6 +144,8 @@ class TelemetrySerializer(StrictSerializer):
     )
     processes = ProcessSerializer(many=True, required=False)
     lost = serializers.BooleanField(default=False)
+    # seconds before this heartbeat the sample was taken (agents batch 1 Hz samples)
+    age_s = NumberField(min_value=0, max_value=600, required=False)
 
 
 class RunningSerializer(StrictSerializer):
@@ -153,7 +155,8 @@ class RunningSerializer(StrictSerializer):
 
 
 class HeartbeatSerializer(StrictSerializer):
-    telemetry = TelemetrySerializer(many=True, max_length=64)  # type: ignore[call-arg]
+    # up to 64 GPUs × 32 sampled instants
+    telemetry = TelemetrySerializer(many=True, max_length=2048)  # type: ignore[call-arg]
     running = RunningSerializer(many=True, max_length=1000)  # type: ignore[call-arg]
 
 

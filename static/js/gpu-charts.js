@@ -74,31 +74,38 @@
     return held ? "hsl(228, 70%, " + l + "%)" : "hsl(145, 45%, " + l + "%)";
   }
 
-  function drawHeatmap(canvas, nodes) {
+  // `hm`: parallel arrays, one entry per GPU in node order; hm.nodes[i] = [id, name, state, n].
+  function drawHeatmap(canvas, hm) {
     var cell = 12, gap = 2, perRow = 0;
-    nodes.forEach(function (n) { perRow = Math.max(perRow, n.gpus.length); });
+    hm.nodes.forEach(function (n) { perRow = Math.max(perRow, n[3]); });
     var nodeW = perRow * (cell + gap) + 6;
     var cols = Math.max(1, Math.floor((canvas.parentElement.clientWidth || 800) / nodeW));
-    var rows = Math.ceil(nodes.length / cols);
+    var rows = Math.ceil(hm.nodes.length / cols);
     var w = cols * nodeW, h = Math.max(cell, rows * (cell + 6));
     if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
     var ctx = canvas.getContext("2d");
     ctx.clearRect(0, 0, w, h);
-    var hits = [];
-    nodes.forEach(function (n, i) {
+    var hits = [], k = 0;
+    hm.nodes.forEach(function (n, i) {
       var x0 = (i % cols) * nodeW, y0 = Math.floor(i / cols) * (cell + 6);
-      n.gpus.forEach(function (g, j) {
-        var x = x0 + j * (cell + gap);
-        ctx.fillStyle = heatColor(g[3], g[4] > 0, g[6]);
+      for (var j = 0; j < n[3]; j++, k++) {
+        var x = x0 + j * (cell + gap), util = hm.util[k], used = hm.used_milli[k];
+        ctx.fillStyle = heatColor(util, used > 0, hm.healths[hm.health[k]]);
         ctx.fillRect(x, y0, cell, cell);
-        if (g[4] > 0) { ctx.strokeStyle = "#111827"; ctx.strokeRect(x + 0.5, y0 + 0.5, cell - 1, cell - 1); }
-        hits.push([x, y0, n.name + "/gpu" + g[1] + " · " + g[2] + " · " +
-          (g[3] == null ? "no telemetry" : Math.round(g[3]) + "% util") + " · " +
-          (g[4] > 0 ? "held " + g[4] + "m of " + g[5] + "m" : "idle") + " · node " + n.state]);
-      });
+        if (used > 0) { ctx.strokeStyle = "#111827"; ctx.strokeRect(x + 0.5, y0 + 0.5, cell - 1, cell - 1); }
+        hits.push([x, y0, k, n]);
+      }
     });
     canvas._hits = hits;
+    canvas._hm = hm;
     canvas._cell = cell;
+  }
+
+  function heatmapLabel(hm, k, n) {
+    var util = hm.util[k], used = hm.used_milli[k];
+    return n[1] + "/gpu" + hm.index[k] + " · " + hm.models[hm.model[k]] + " · " +
+      (util == null ? "no telemetry" : Math.round(util) + "% util") + " · " +
+      (used > 0 ? "held " + used + "m of " + hm.capacity_milli[k] + "m" : "idle") + " · node " + n[2];
   }
 
   function heatmapTooltip(canvas) {
@@ -109,7 +116,7 @@
       var found = (canvas._hits || []).find(function (h) {
         return x >= h[0] && x < h[0] + canvas._cell && y >= h[1] && y < h[1] + canvas._cell;
       });
-      canvas.title = found ? found[2] : "";
+      canvas.title = found ? heatmapLabel(canvas._hm, found[2], found[3]) : "";
     });
   }
 

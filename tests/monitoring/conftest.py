@@ -6,6 +6,7 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -41,6 +42,8 @@ def running(team, fleet, api):
     )
     job = Job.objects.get(pk=resp.json()["id"])
     run_cycle()
+    # the GPU has been held for two hours: samples the tests date in that time are the job's
+    Allocation.objects.filter(job=job).update(started_at=F("started_at") - timedelta(hours=2))
     alloc = Allocation.objects.get(job=job)
     client = agent(fleet["tokens"][alloc.node.name])
     client.post(f"/api/agent/v1/jobs/{job.pk}/started", {"attempt": 1}, format="json")

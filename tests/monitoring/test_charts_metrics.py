@@ -15,6 +15,7 @@ from monitoring.fleet import fleet_snapshot_take, frag_ratio_core, largest_gang
 from monitoring.ingest import ingest_samples
 from monitoring.models import FleetSnapshot
 from monitoring.rollups import flush_rollups
+from scheduler.models import Allocation
 from tests.monitoring.conftest import feed, hold, sample
 
 pytestmark = pytest.mark.django_db
@@ -26,6 +27,8 @@ def chart(body, key):
 
 def test_job_series_live_and_from_rollups(running, api, team, now):
     gpu, job, node = running["gpu"], running["job"], running["node"]
+    held_from = now - timedelta(minutes=10)
+    Allocation.objects.filter(job=job).update(started_at=held_from)
     at = job.started_at + timedelta(seconds=1)
     ingest_samples(node=node, samples=[sample(gpu, utilization=33.0)], now=at)
     resp = api(team["viewer"]).get(f"/api/v1/monitoring/jobs/{job.pk}/series?range=15m")
@@ -42,14 +45,16 @@ def test_job_series_live_and_from_rollups(running, api, team, now):
     ingest_samples(
         node=node,
         samples=[sample(gpu, utilization=99.0)],
-        now=job.started_at - timedelta(minutes=5),
+        now=held_from - timedelta(minutes=5),
     )
     body = api(team["viewer"]).get(f"/api/v1/monitoring/jobs/{job.pk}/series?range=1h").json()
     assert 99.0 not in chart(body, "utilization")["values"][0]
-    # 24 hours come from the minute rollups of this job
+    # 24 hours come from the minute rollups of this job: samples from its allocation on,
+    # and the earlier ones (before it held the GPU) are idle rows, not the job's
     live.clear()
-    feed(node, [gpu], start=now - timedelta(minutes=30), minutes=10, utilization=20.0)
-    flush_rollups(now=now)
+    feed(node, [gpu], start=held_from - timedelta(minutes=3), minutes=2, utilization=77.0)
+    feed(node, [gpu], start=held_from + timedelta(seconds=1), minutes=10, utilization=20.0)
+    flush_rollups(now=held_from + timedelta(minutes=12))
     body = api(team["member"]).get(f"/api/v1/monitoring/jobs/{job.pk}/series?range=24h").json()
     values = [v for v in chart(body, "utilization")["values"][0] if v is not None]
     assert values and all(v == pytest.approx(20.0) for v in values)
@@ -102,9 +107,13 @@ def test_cluster_overview_is_staff_only_with_bounded_queries(
     # 2 free on one node and 1 on the other: an equal-width gang gets 2 (1 × 2 or 2 × 1)
     assert models["H100-80GB-SXM"]["largest_gang"] == 2
     assert models["L4"]["free"] == 4 and models["L4"]["gang_shape"] == [1, 4]
-    cells = [g for n in body["heatmap"] for g in n["gpus"]]
-    assert len(cells) == 8 and sum(1 for g in cells if g[4] > 0) == 1
-    assert all(g[3] == 50.0 for g in cells)
+    hm = body["heatmap"]
+    assert sum(n[3] for n in hm["nodes"]) == len(hm["gpu"]) == 8
+    assert [n[1] for n in hm["nodes"]] == ["h1", "h2", "l1"]
+    assert sum(1 for used in hm["used_milli"] if used > 0) == 1
+    assert hm["util"] == [50.0] * 8
+    assert [hm["models"][m] for m in hm["model"]] == ["H100-80GB-SXM"] * 4 + ["L4"] * 4
+    assert {hm["healths"][h] for h in hm["health"]} == {"healthy"}
     assert body["fragmentation"] is not None
     assert {c["key"] for c in body["charts"]} == {"util", "held", "frag"}
     held = chart(body, "held")
@@ -257,3 +266,24 @@ def test_grafana_dashboard_queries_only_metrics_we_expose(running, now):
         for name in re.findall(r"\b(DCGM_FI_\w+|gpucloud_\w+)", target["expr"])
     }
     assert len(used) >= 15 and used <= exposed, used - exposed
+
+
+def test_cluster_overview_is_computed_once_per_cache_window_for_all_operators(
+    fleet, api, make_user, now, settings, django_assert_max_num_queries
+):
+    settings.MONITORING_OVERVIEW_CACHE_S = 60
+    node = fleet["nodes"]["h1"]
+    ingest_samples(
+        node=node, samples=[sample(g, utilization=10.0) for g in node.gpus.all()], now=now
+    )
+    first = api(make_user(staff=True)).get("/api/v1/monitoring/cluster").json()
+    ingest_samples(
+        node=node, samples=[sample(g, utilization=90.0) for g in node.gpus.all()], now=now
+    )
+    other = api(make_user(staff=True))
+    with django_assert_max_num_queries(0):  # another operator, inside the window: shared result
+        again = other.get("/api/v1/monitoring/cluster").json()
+    assert again == first and 10.0 in first["heatmap"]["util"]
+    settings.MONITORING_OVERVIEW_CACHE_S = 0  # no sharing: computed now, with the new samples
+    fresh = api(make_user(staff=True)).get("/api/v1/monitoring/cluster").json()
+    assert 90.0 in fresh["heatmap"]["util"] and 10.0 not in fresh["heatmap"]["util"]

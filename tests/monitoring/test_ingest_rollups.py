@@ -11,6 +11,8 @@ from monitoring.ingest import ingest_samples
 from monitoring.models import ClusterRollup, GpuRollup, Resolution, RollupFlush
 from monitoring.rollups import enforce_retention, flush_rollups, rollup_hours
 from portal.locks import redis_client
+from scheduler.models import Allocation, JobState
+from scheduler.transitions import job_transition
 from tests.monitoring.conftest import feed, hold, sample
 
 pytestmark = pytest.mark.django_db
@@ -44,13 +46,62 @@ def test_heartbeat_telemetry_reaches_the_live_store_attributed_to_the_job(runnin
     assert len(window) == 1 and window[0].util == 87.5 and window[0].power == 410.2
     assert window[0].job == job.pk
     raw = redis_client().lrange(live.key("raw", int(window[0].ts // 60)), 0, -1)
-    assert sorted(r.decode().split(",")[2] for r in raw) == sorted(["0", str(job.pk)])
+    lines = [line for r in raw for line in r.decode().split("\n")]
+    assert sorted(line.split(",")[2] for line in lines) == sorted(["0", str(job.pk)])
 
 
-def test_ingest_costs_one_query_per_heartbeat(running, now, django_assert_num_queries):
-    gpus = list(running["node"].gpus.all())
+def test_ingest_reads_the_database_only_when_allocations_changed(
+    running, now, django_assert_num_queries
+):
+    node, gpu = running["node"], running["gpu"]
+    gpus = list(node.gpus.all())
+    with django_assert_num_queries(1):  # first heartbeat: the node's intervals
+        ingest_samples(node=node, samples=[sample(g) for g in gpus], now=now)
+    with django_assert_num_queries(0):  # same generation: from the cache
+        ingest_samples(node=node, samples=[sample(g) for g in gpus], now=now)
+    # the job ends: its allocation's end bumps the node's generation, the next heartbeat
+    # re-reads the intervals and samples after the end are no longer the job's
+    job_transition(job=running["job"], to=JobState.SUCCEEDED, reason="done")
+    ended = Allocation.objects.get(job=running["job"]).ended_at
     with django_assert_num_queries(1):
-        ingest_samples(node=running["node"], samples=[sample(g) for g in gpus], now=now)
+        ingest_samples(
+            node=node, samples=[sample(gpu, age_s=1.0)], now=ended + timedelta(seconds=2)
+        )
+    assert live.latest([gpu.pk], now_ts=ended.timestamp())[gpu.pk]["job_ids"] == []
+    with django_assert_num_queries(0):  # and the re-read intervals are cached again
+        ingest_samples(node=node, samples=[sample(gpu)], now=ended + timedelta(seconds=3))
+
+
+def test_a_batched_heartbeat_lands_each_sample_at_its_instant_and_holder(fleet, now):
+    gpu = fleet["nodes"]["l1"].gpus.first()
+    minute = now.replace(second=0) - timedelta(minutes=3)
+    handover = minute + timedelta(seconds=58)
+    first = hold(gpu, now=now, started=minute - timedelta(minutes=10))
+    Allocation.objects.filter(job=first).update(ended_at=handover)
+    second = hold(gpu, now=now, started=handover)  # its save bumps the generation
+    sent = minute + timedelta(minutes=1, seconds=3)  # the heartbeat; samples 1 s apart before it
+    batch = [sample(gpu, utilization=10.0 * i, age_s=float(6 - i)) for i in range(6)]
+    ingest_samples(node=gpu.node, samples=batch, now=sent)
+    points = live.windows({gpu.node_id: [gpu.pk]}, since_ts=0, max_points=10)[gpu.pk]
+    base = sent.timestamp()
+    assert [(p.ts, p.util, p.job) for p in points] == [
+        (base - 6, 0.0, first.pk),  # :57
+        (base - 5, 10.0, second.pk),  # :58, the handover instant
+        (base - 4, 20.0, second.pk),
+        (base - 3, 30.0, second.pk),  # next minute
+        (base - 2, 40.0, second.pk),
+        (base - 1, 50.0, second.pk),
+    ]
+    latest = live.latest([gpu.pk], now_ts=base)[gpu.pk]
+    assert latest["utilization"] == 50.0 and latest["at_ts"] == base - 1
+    assert "age_s" not in latest
+    flush_rollups(now=now)
+    rows = {
+        (r.bucket, r.held_by_job): r.samples
+        for r in GpuRollup.objects.filter(gpu=gpu, resolution=Resolution.MINUTE)
+    }
+    nxt = minute + timedelta(minutes=1)
+    assert rows == {(minute, first.pk): 1, (minute, second.pk): 2, (nxt, second.pk): 3}
 
 
 def test_minute_flush_writes_attributed_rollups_once(running, now):

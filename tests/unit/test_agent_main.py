@@ -221,7 +221,9 @@ def test_registers_heartbeats_runs_a_job_and_reports_it(
     beat = portal.bodies("/heartbeat")[0]
     assert beat["running"] == []
     assert [t["uuid"] for t in beat["telemetry"]] == [gpu0, gpu1]
-    assert set(beat["telemetry"][0]) == set(TELEMETRY_KEYS)  # exactly the contract's keys
+    # exactly the contract's keys, plus how long before the heartbeat each sample was taken
+    assert set(beat["telemetry"][0]) == {*TELEMETRY_KEYS, "age_s"}
+    assert all(0 <= t["age_s"] < 2 for t in beat["telemetry"])
 
     portal.set(
         assignments=[
