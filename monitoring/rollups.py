@@ -27,6 +27,7 @@ from monitoring.models import (
     RollupFlush,
 )
 from portal.locks import redis_client
+from scheduler.models import Gpu
 
 READ_CHUNK = 50_000
 # accumulator slots: share, n, idle, usum, umax, msum, mn, mmax, tsum, tn, tmax, psum, pn, pmax
@@ -187,9 +188,13 @@ def upsert_minute(minute: int, rows: GpuRows, cluster: ClusterRows, *, replace: 
             if rows:
                 cursor.execute(
                     f"INSERT INTO {g_table} AS t ({insert_cols}) "  # noqa: S608 (table names from _meta)
-                    "SELECT %s, %s, * FROM unnest(%s::bigint[], %s::bigint[], %s::int[], "
+                    "SELECT %s, %s, u.* FROM unnest(%s::bigint[], %s::bigint[], %s::int[], "
                     "%s::int[], %s::int[], %s::float8[], %s::float8[], %s::float8[], "
                     "%s::float8[], %s::float8[], %s::float8[], %s::float8[], %s::float8[]) "
+                    f"AS u(gpu_id, held_by_job, {', '.join(GPU_COLUMNS)}) "
+                    # A GPU deleted since its samples arrived (a node removed by hand) must
+                    # not make the whole minute fail on the foreign key, again and again.
+                    f"WHERE EXISTS (SELECT 1 FROM {Gpu._meta.db_table} g WHERE g.id = u.gpu_id) "
                     f"ON CONFLICT {conflict} DO UPDATE SET {gpu_set}",
                     [Resolution.MINUTE, bucket, *cols],
                 )

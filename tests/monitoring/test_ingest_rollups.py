@@ -138,6 +138,17 @@ def test_minute_flush_writes_attributed_rollups_once(running, now):
     assert row.samples == 3 and row.util_avg == pytest.approx((2 + 80 + 20) / 3)
 
 
+def test_a_gpu_removed_before_the_flush_does_not_block_the_minute(running, now):
+    node, gpu = running["node"], running["gpu"]
+    other = node.gpus.exclude(pk=gpu.pk).first()
+    start = now.replace(second=0) - timedelta(minutes=2)
+    ingest_samples(node=node, samples=[sample(gpu), sample(other)], now=start)
+    other.delete()  # an operator removed the GPU by hand before its samples were rolled up
+    assert flush_rollups(now=now) == 2
+    assert list(GpuRollup.objects.values_list("gpu_id", flat=True)) == [gpu.pk]
+    assert flush_rollups(now=now) == 0  # nothing left queued to fail again
+
+
 def test_a_retried_flush_does_not_count_a_batch_twice(running, now):
     node, gpu = running["node"], running["gpu"]
     start = now.replace(second=0) - timedelta(minutes=3)
