@@ -13,6 +13,7 @@ from django.utils import timezone
 from portal.db import bulk_update_fast
 from portal.errors import Conflict
 from portal.models import User
+from scheduler.dispatch import assignments_changed, changes_assignments
 from scheduler.models import Allocation, Job, JobEvent
 from scheduler.models import JobState as S
 
@@ -92,6 +93,12 @@ def job_transition(
             "estimated_start_at",
         }
     job.save(update_fields=sorted(fields))
+    if changes_assignments(current, to):
+        assignments_changed(
+            Allocation.objects.filter(job=job, ended_at__isnull=True).values_list(
+                "node_id", flat=True
+            )
+        )
     if current in HOLDS_GPUS and to not in HOLDS_GPUS:
         Allocation.objects.filter(job=job, ended_at__isnull=True).update(
             ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, "")
@@ -127,6 +134,7 @@ def jobs_transition_bulk(
     now = timezone.now()
     fields = {"state", "updated_at", *update_fields}
     events = []
+    moved_on_nodes = []  # jobs whose move changes what their nodes run or stop
     for job in jobs:
         if not can_transition(job.state, to):
             raise Conflict(
@@ -144,10 +152,21 @@ def jobs_transition_bulk(
                 data=(data or {}).get(job.pk, {}),
             )
         )
+        if changes_assignments(job.state, to):
+            moved_on_nodes.append(job.pk)
         job.state = to
         job.updated_at = now
         if to == S.QUEUED:
             job.queued_at = now
             fields.add("queued_at")
+        if to == S.RUNNING and job.started_at is None:
+            job.started_at = now
+            fields.add("started_at")
+    if moved_on_nodes:
+        assignments_changed(
+            Allocation.objects.filter(job_id__in=moved_on_nodes, ended_at__isnull=True)
+            .values_list("node_id", flat=True)
+            .distinct()
+        )
     bulk_update_fast(Job, jobs, sorted(fields))
     JobEvent.objects.bulk_create(events)
