@@ -320,6 +320,7 @@ class Agent:
         body = {
             "version": self._version if apply else None,
             "reports": [{"kind": m.kind, "job_id": m.job_id, **m.body} for m in batch],
+            "assignments": apply,
         }
         try:
             answer = self.client.sync(body, attempts=attempts, stop=stop)

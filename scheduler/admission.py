@@ -175,8 +175,27 @@ class Verdict:
     quota_notes: tuple[str, ...] = ()
 
 
-def admission_verdict(*, project: Project, quota: Quota, spec: JobSpec, now: datetime) -> Verdict:
-    """Quota rules that decide at submission. Concurrency is held per cycle by the scheduler."""
+def admission_hook_verdicts(*, project: Project, spec: JobSpec, now: datetime) -> list[Verdict]:
+    """What the admission extension points (billing's budget) say; they never read the quota."""
+    verdicts: list[Verdict | None] = [
+        check(project=project, spec=spec, now=now) for check in hooks.admission_checks()
+    ]
+    return [v for v in verdicts if v is not None]
+
+
+def admission_verdict(
+    *,
+    project: Project,
+    quota: Quota,
+    spec: JobSpec,
+    now: datetime,
+    hook_verdicts: list[Verdict] | None = None,
+) -> Verdict:
+    """Quota rules that decide at submission. Concurrency is held per cycle by the scheduler.
+
+    `hook_verdicts`: the extension points' answers if the caller asked them already (before
+    taking the quota lock); they weigh after the quota rules either way.
+    """
     notes = []
     if spec.gpu_count > quota.max_gpus_per_job:
         return Verdict(
@@ -226,13 +245,13 @@ def admission_verdict(*, project: Project, quota: Quota, spec: JobSpec, now: dat
                     "for this month.",
                 )
             borrowed = True
-    for check in hooks.admission_checks():
-        verdict: Verdict | None = check(project=project, spec=spec, now=now)
-        if verdict is not None and not verdict.admit:
+    if hook_verdicts is None:
+        hook_verdicts = admission_hook_verdicts(project=project, spec=spec, now=now)
+    for verdict in hook_verdicts:
+        if not verdict.admit:
             return verdict
-        if verdict is not None:
-            borrowed = borrowed or verdict.borrowed
-            notes.extend(verdict.quota_notes)
+        borrowed = borrowed or verdict.borrowed
+        notes.extend(verdict.quota_notes)
     reason = (
         "Over quota: admitted as preemptible work on idle GPUs." if borrowed else "Within quota."
     )
@@ -291,9 +310,13 @@ def job_submit(
     require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
     spec = spec_validate(spec)
     now = timezone.now()
+    # Billing's checks do not read the quota: asked before the lock, they do not lengthen it.
+    hook_verdicts = admission_hook_verdicts(project=project, spec=spec, now=now)
     # One admission at a time per project: the quota row is the lock.
     quota = Quota.objects.select_for_update().prefetch_related("model_limits").get(project=project)
-    verdict = admission_verdict(project=project, quota=quota, spec=spec, now=now)
+    verdict = admission_verdict(
+        project=project, quota=quota, spec=spec, now=now, hook_verdicts=hook_verdicts
+    )
     to = JobState.QUEUED if verdict.admit else JobState.REJECTED
     if not can_transition(JobState.PENDING, to):  # the table is the authority, even here
         raise DomainError(f"A submitted job cannot become {to}.", code="invalid_transition")

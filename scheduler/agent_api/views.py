@@ -232,6 +232,7 @@ class SyncSerializer(StrictSerializer):
         r"^[0-9a-f]{1,64}$", required=False, allow_null=True, allow_blank=True
     )
     reports = SyncReportSerializer(many=True, max_length=500, default=list)  # type: ignore[call-arg]
+    assignments = serializers.BooleanField(default=True)  # false: only the reports, no answer
 
 
 def _parse(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -291,6 +292,8 @@ class SyncView(AgentView):
             if data["reports"]
             else []
         )
+        if not data["assignments"]:
+            return Response({"results": results})
         version = data.get("version")
         if version and dispatch.assignments_version(agent.node_id) == version:
             return Response({"unchanged": True, "version": version, "results": results})
