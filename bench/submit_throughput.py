@@ -139,8 +139,7 @@ def main() -> None:
         "threads, persistent DB connections as in production), one Celery worker, beat every "
         "second, PostgreSQL and Redis on this 2-core machine; simulated agents in one process "
         "sync every 0.5 s (started reports and assignments in one round trip; `unchanged` costs "
-        "no SQL) and report each start at once.\n\n"
-        + table,
+        "no SQL) and report each start at once.\n\n" + table,
     )
 
 
