@@ -214,6 +214,10 @@ class PortalClient:
     def assignments(self, **kw: Any) -> dict[str, Any]:
         return self.request("GET", "/assignments", **kw)
 
+    def sync(self, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        """Started/exited reports and the assignments in one round trip."""
+        return self.request("POST", "/sync", body, **kw)
+
     def job_started(self, job_id: int, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
         return self.request("POST", f"/jobs/{job_id}/started", body, **kw)
 

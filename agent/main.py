@@ -33,6 +33,7 @@ from agent.runner import (
     READER_DRAIN_S,
     Assignment,
     AssignmentError,
+    Message,
     Runner,
     signal_group,
     stop_reason_to_exit_reason,
@@ -41,6 +42,8 @@ from agent.runner import (
 log = logging.getLogger("agent")
 
 SHUTDOWN_REPORT_ATTEMPTS = 3
+SYNC_BATCH = 200  # started/exited reports per sync round trip
+SYNC_KINDS = frozenset({"started", "exited"})
 MIN_INTERVAL_S = 0.05  # whatever the portal answers, the agent does not spin
 SAMPLE_INTERVAL_S = 1.0  # GPUs are sampled at 1 Hz; each heartbeat carries what accumulated
 MAX_BUFFERED_INSTANTS = 30  # kept while the portal is unreachable; the oldest are dropped
@@ -102,6 +105,12 @@ class Agent:
         self._next_sample = 0.0
         self._buffer: list[tuple[float, list[dict[str, Any]]]] = []  # (monotonic, records)
         self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
+        # The portal's /sync: reports and assignments in one round trip; an unchanged version
+        # is answered without the assignments. False: an older portal, one request per report.
+        self._sync_supported = True
+        self._version: str | None = None
+        self._assignments: list[Assignment] = []
+        self._unreadable: set[tuple[int, int]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -183,6 +192,7 @@ class Agent:
             )
             self.connected = True
             self._reconcile = True
+            self._version = None
             return True
         return False
 
@@ -200,7 +210,9 @@ class Agent:
             runner.wait_all(2.0)
         if self.node is not None and runner.outbox:
             try:
-                self._flush_outbox(attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event())
+                self._flush_outbox(
+                    attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event(), apply=False
+                )
                 self._heartbeat(attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event())
             except PortalError as exc:
                 log.warning(
@@ -225,13 +237,13 @@ class Agent:
             return
         attempts = self.config.request_attempts
         try:
-            self._flush_outbox(attempts=attempts)
+            # While reconciling, what runs is reported (heartbeat) before anything is applied.
+            self._flush_outbox(attempts=attempts, apply=not self._reconcile)
             if self._reconcile or now >= self._next_heartbeat:
                 self._heartbeat(attempts=attempts)
                 self._next_heartbeat = now + self.heartbeat_interval_s
-            if self._reconcile or now >= self._next_poll:
+            if self._reconcile or time.monotonic() >= self._next_poll:
                 self._poll_assignments(attempts=attempts)
-                self._next_poll = now + self.poll_interval_s
                 self.runner.poll()
                 self._flush_outbox(attempts=attempts)  # "started" right after the start
         except Unauthorized as exc:
@@ -257,6 +269,7 @@ class Agent:
             log.warning("lost contact with the portal (%s); work keeps running", why)
         self.connected = False
         self._reconcile = True  # on reconnect: report what runs, then apply assignments
+        self._version = None  # and read them in full
         self._next_contact = time.monotonic() + delay
 
     def _sample(self) -> None:
@@ -295,6 +308,12 @@ class Agent:
         self._set_fenced(bool(answer.get("fenced")))
 
     def _poll_assignments(self, *, attempts: int | None) -> None:
+        """Read the assignments (with any started/exited reports on the way) and apply them."""
+        self._next_poll = time.monotonic() + self.poll_interval_s
+        if self._sync_supported:
+            self._sync(attempts=attempts, apply=True)
+            if self._sync_supported:
+                return
         try:
             answer = self.client.assignments(attempts=attempts)
         except Conflict:
@@ -303,8 +322,63 @@ class Agent:
         except RequestRejected as exc:
             log.error("assignments refused: %s", exc)
             return
+        self._take_assignments(answer)
+
+    def _sync(
+        self, *, attempts: int | None, apply: bool, stop: threading.Event | None = None
+    ) -> None:
+        """POST /sync: the outbox's leading started/exited reports, then the assignments.
+
+        The portal answers each report (a conflict: that attempt is stale, forget it) and the
+        assignments, or only `unchanged` when they are still those of `version`. With `apply`
+        false (reconciling, shutting down) the assignments answered are not acted on.
+        """
+        runner = self.runner
+        batch: list[Message] = []
+        for message in runner.outbox:
+            if message.kind not in SYNC_KINDS or len(batch) >= SYNC_BATCH:
+                break
+            batch.append(message)
+        body = {
+            "version": self._version if apply else None,
+            "reports": [{"kind": m.kind, "job_id": m.job_id, **m.body} for m in batch],
+            "assignments": apply,
+        }
+        try:
+            answer = self.client.sync(body, attempts=attempts, stop=stop)
+        except Conflict:
+            self._set_fenced(True)
+            return
+        except RequestRejected as exc:
+            if exc.status in (404, 405):
+                log.warning("the portal has no /sync: one request per report and poll")
+                self._sync_supported = False
+                return
+            log.error("dropping %d report(s) the portal refused: %s", len(batch), exc)
+            answer = {"unchanged": True, "results": []}
+        for message in batch:  # sent and answered: off the outbox, in order
+            if runner.outbox and runner.outbox[0] is message:
+                runner.outbox.popleft()
+        results = answer.get("results")
+        answered = results if isinstance(results, list) else []
+        for message, result in zip(batch, answered, strict=False):  # a short answer: none
+            if isinstance(result, dict) and result.get("conflict"):
+                runner.forget(message.key, f"the portal answered conflict ({result['conflict']})")
+        if not apply:
+            return
+        self._next_poll = time.monotonic() + self.poll_interval_s
+        if answer.get("unchanged"):
+            if not self.fenced:  # deferred starts (an old attempt still stopping) go ahead now
+                self.apply(self._assignments, keep=self._unreadable)
+            return
+        self._take_assignments(answer)
+        version = answer.get("version")
+        self._version = version if isinstance(version, str) and not self.fenced else None
+
+    def _take_assignments(self, answer: dict[str, Any]) -> None:
         self._set_fenced(bool(answer.get("fenced")))
         if self.fenced:
+            self._assignments, self._unreadable = [], set()
             return
         assignments = []
         unreadable: set[tuple[int, int]] = set()
@@ -318,6 +392,7 @@ class Agent:
                 # Still listed, so not to be stopped for want of a field.
                 with contextlib.suppress(KeyError, TypeError, ValueError):
                     unreadable.add((int(raw["job_id"]), int(raw["attempt"])))
+        self._assignments, self._unreadable = assignments, unreadable
         self.apply(assignments, keep=unreadable)
 
     def _set_fenced(self, fenced: bool) -> None:
@@ -367,11 +442,23 @@ class Agent:
                 continue
             runner.start(a)
 
-    def _flush_outbox(self, *, attempts: int | None, stop: threading.Event | None = None) -> None:
-        """Send started/logs/exited reports in order; 409 forgets the attempt."""
+    def _flush_outbox(
+        self, *, attempts: int | None, stop: threading.Event | None = None, apply: bool = True
+    ) -> None:
+        """Send started/logs/exited reports in order; 409 forgets the attempt.
+
+        Runs of started/exited reports go in one /sync round trip each (which also refreshes
+        the assignments when `apply`); log chunks one request each.
+        """
         runner = self.runner
         while runner.outbox:
             message = runner.outbox[0]
+            if self._sync_supported and message.kind in SYNC_KINDS:
+                self._sync(attempts=attempts, apply=apply, stop=stop)
+                if self._sync_supported and runner.outbox and runner.outbox[0] is message:
+                    return  # not taken (a fenced answer): the next round sends it again
+                if self._sync_supported:
+                    continue
             try:
                 self.client.request(
                     "POST", message.path, message.body, attempts=attempts, stop=stop

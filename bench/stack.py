@@ -41,6 +41,7 @@ class Stack:
             "SCHEDULER_CYCLE_SECONDS": "1",
             "NODE_HEARTBEAT_SECONDS": "5",
             "AGENT_POLL_SECONDS": "1",
+            "DB_CONN_MAX_AGE": "60",  # as in production: persistent connections
         }
         self.port, self.web_workers, self.queues = port, web_workers, queues
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -136,9 +136,10 @@ def main() -> None:
         "submit_throughput",
         "## Jobs from API submit to running\n\n"
         f"`{command_line('bench.submit_throughput')}` — gunicorn ({args.web_workers} workers × 4 "
-        "threads), one Celery worker, beat every second, PostgreSQL and Redis on this 2-core "
-        "machine; simulated agents in one process poll every 0.5 s and report each start.\n\n"
-        + table,
+        "threads, persistent DB connections as in production), one Celery worker, beat every "
+        "second, PostgreSQL and Redis on this 2-core machine; simulated agents in one process "
+        "sync every 0.5 s (started reports and assignments in one round trip; `unchanged` costs "
+        "no SQL) and report each start at once.\n\n" + table,
     )
 
 

@@ -20,7 +20,7 @@ from portal.services import require_role
 from scheduler import hooks
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
 from scheduler.selectors import gpu_models_meeting, month_start, project_gpu_hours
-from scheduler.transitions import job_transition
+from scheduler.transitions import can_transition, job_transition
 
 MAX_GPUS_PER_JOB = 4096
 MAX_SHARDS = 1000
@@ -175,8 +175,27 @@ class Verdict:
     quota_notes: tuple[str, ...] = ()
 
 
-def admission_verdict(*, project: Project, quota: Quota, spec: JobSpec, now: datetime) -> Verdict:
-    """Quota rules that decide at submission. Concurrency is held per cycle by the scheduler."""
+def admission_hook_verdicts(*, project: Project, spec: JobSpec, now: datetime) -> list[Verdict]:
+    """What the admission extension points (billing's budget) say; they never read the quota."""
+    verdicts: list[Verdict | None] = [
+        check(project=project, spec=spec, now=now) for check in hooks.admission_checks()
+    ]
+    return [v for v in verdicts if v is not None]
+
+
+def admission_verdict(
+    *,
+    project: Project,
+    quota: Quota,
+    spec: JobSpec,
+    now: datetime,
+    hook_verdicts: list[Verdict] | None = None,
+) -> Verdict:
+    """Quota rules that decide at submission. Concurrency is held per cycle by the scheduler.
+
+    `hook_verdicts`: the extension points' answers if the caller asked them already (before
+    taking the quota lock); they weigh after the quota rules either way.
+    """
     notes = []
     if spec.gpu_count > quota.max_gpus_per_job:
         return Verdict(
@@ -226,13 +245,13 @@ def admission_verdict(*, project: Project, quota: Quota, spec: JobSpec, now: dat
                     "for this month.",
                 )
             borrowed = True
-    for check in hooks.admission_checks():
-        verdict: Verdict | None = check(project=project, spec=spec, now=now)
-        if verdict is not None and not verdict.admit:
+    if hook_verdicts is None:
+        hook_verdicts = admission_hook_verdicts(project=project, spec=spec, now=now)
+    for verdict in hook_verdicts:
+        if not verdict.admit:
             return verdict
-        if verdict is not None:
-            borrowed = borrowed or verdict.borrowed
-            notes.extend(verdict.quota_notes)
+        borrowed = borrowed or verdict.borrowed
+        notes.extend(verdict.quota_notes)
     reason = (
         "Over quota: admitted as preemptible work on idle GPUs." if borrowed else "Within quota."
     )
@@ -281,46 +300,69 @@ def job_from_spec(
 def job_submit(
     *, actor: User, project: Project, spec: JobSpec, remote_addr: str | None = None
 ) -> list[Job]:
-    """Validate, admit or reject, and queue the job (one per shard). Returns the jobs."""
+    """Validate, admit or reject, and queue the job (one per shard). Returns the jobs.
+
+    Every job is written in its verdict's state with both of its events (submitted as pending,
+    then queued or rejected), checked against the transition table: a job is pending only
+    inside this transaction, so nothing else can see it or move it in between. The quota row
+    is held from the verdict to the commit, so the writes after it are kept to a few statements.
+    """
     require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
     spec = spec_validate(spec)
     now = timezone.now()
+    # Billing's checks do not read the quota: asked before the lock, they do not lengthen it.
+    hook_verdicts = admission_hook_verdicts(project=project, spec=spec, now=now)
     # One admission at a time per project: the quota row is the lock.
     quota = Quota.objects.select_for_update().prefetch_related("model_limits").get(project=project)
-    verdict = admission_verdict(project=project, quota=quota, spec=spec, now=now)
+    verdict = admission_verdict(
+        project=project, quota=quota, spec=spec, now=now, hook_verdicts=hook_verdicts
+    )
+    to = JobState.QUEUED if verdict.admit else JobState.REJECTED
+    if not can_transition(JobState.PENDING, to):  # the table is the authority, even here
+        raise DomainError(f"A submitted job cannot become {to}.", code="invalid_transition")
     shards = [None] if spec.shard_count == 1 else list(range(spec.shard_count))
-    jobs: list[Job] = []
-    for shard in shards:
-        job = job_from_spec(spec, project=project, user=actor, shard=shard)
-        if jobs:
-            job.array_parent = jobs[0]
+    jobs = [job_from_spec(spec, project=project, user=actor, shard=shard) for shard in shards]
+    for job in jobs:
         job.borrowed = verdict.borrowed
-        job.save()
-        JobEvent.objects.create(
-            job=job,
-            to_state=JobState.PENDING,
-            actor=actor,
-            actor_label=actor.email,
-            reason="Submitted",
-        )
+        job.state = to
         if verdict.admit:
-            job_transition(
-                job=job,
-                to=JobState.QUEUED,
-                reason=f"Submitted by {actor.email}. {verdict.reason}",
-                actor=actor,
-                data={"quota": list(verdict.quota_notes), "borrowed": verdict.borrowed},
-            )
+            job.queued_at = now
         else:
             job.failure_reason = verdict.reason[:500]
-            job_transition(
+            job.finished_at = now
+    jobs[0].save()
+    if len(jobs) > 1:
+        for job in jobs[1:]:
+            job.array_parent = jobs[0]
+        Job.objects.bulk_create(jobs[1:])
+    if verdict.admit:
+        reason = f"Submitted by {actor.email}. {verdict.reason}"
+        data = {"quota": list(verdict.quota_notes), "borrowed": verdict.borrowed}
+    else:
+        reason, data = f"Rejected at admission: {verdict.reason}", {}
+    events = []
+    for job in jobs:
+        events.append(
+            JobEvent(
                 job=job,
-                to=JobState.REJECTED,
-                reason=f"Rejected at admission: {verdict.reason}",
+                to_state=JobState.PENDING,
                 actor=actor,
-                update_fields=("failure_reason",),
+                actor_label=actor.email,
+                reason="Submitted",
             )
-        jobs.append(job)
+        )
+        events.append(
+            JobEvent(
+                job=job,
+                from_state=JobState.PENDING,
+                to_state=to,
+                actor=actor,
+                actor_label=str(actor),
+                reason=reason[:500],
+                data=data,
+            )
+        )
+    JobEvent.objects.bulk_create(events)
     audit_record(
         actor=actor,
         action="job.submit" if verdict.admit else "job.reject",

@@ -21,9 +21,10 @@ from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler import health, hooks
+from scheduler.dispatch import assignments_changed
 from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node, NodeEvent
 from scheduler.selectors import telemetry_key
-from scheduler.transitions import job_transition
+from scheduler.transitions import job_transition, jobs_transition_bulk
 
 AGENT_TOKEN_PREFIX = "gpn_"
 TELEMETRY_TTL_S = 120
@@ -34,12 +35,28 @@ def agent_token_hash(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+AGENT_TOKEN_TTL_S = 30  # how long a token's node is remembered in the cache
+
+
+def _agent_token_key(token_hash: str) -> str:
+    return f"scheduler:agent-token:{token_hash}"
+
+
+def agent_token_forget(token_hash: str) -> None:
+    """The cache stops vouching for this token hash (issued anew, node retired)."""
+    if token_hash:
+        cache.delete(_agent_token_key(token_hash))
+
+
 @transaction.atomic
 def node_issue_agent_token(*, node: Node, actor: User | None = None) -> str:
     """A new agent token for the node (the old one stops working). Shown once."""
     raw = AGENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    old = Node.objects.filter(pk=node.pk).values_list("agent_token_hash", flat=True).first()
     Node.objects.filter(pk=node.pk).update(agent_token_hash=agent_token_hash(raw))
     node.agent_token_hash = agent_token_hash(raw)
+    if old:
+        transaction.on_commit(lambda: agent_token_forget(old))
     audit_record(actor=actor, action="node.token_issue", target=node)
     return raw
 
@@ -47,11 +64,35 @@ def node_issue_agent_token(*, node: Node, actor: User | None = None) -> str:
 def node_for_agent_token(raw: str) -> Node | None:
     if not raw.startswith(AGENT_TOKEN_PREFIX) or len(raw) > 200:
         return None
-    return (
-        Node.objects.filter(agent_token_hash=agent_token_hash(raw))
-        .exclude(state=Node.State.RETIRED)
-        .first()
-    )
+    return node_for_agent_token_hash(agent_token_hash(raw))
+
+
+def node_for_agent_token_hash(token_hash: str, node_id: int | None = None) -> Node | None:
+    """The node this token hash belongs to, read from the database (not retired)."""
+    nodes = Node.objects.filter(agent_token_hash=token_hash).exclude(state=Node.State.RETIRED)
+    if node_id is not None:
+        nodes = nodes.filter(pk=node_id)
+    return nodes.first()
+
+
+def node_id_for_agent_token(raw: str) -> tuple[int, str] | None:
+    """(node id, token hash) for an agent token, remembered in the cache for a few seconds.
+
+    Only the id comes from the cache: whoever needs the node loads it with
+    `node_for_agent_token_hash(hash, node_id)`, which checks the token again in the database.
+    """
+    if not raw.startswith(AGENT_TOKEN_PREFIX) or len(raw) > 200:
+        return None
+    token_hash = agent_token_hash(raw)
+    key = _agent_token_key(token_hash)
+    node_id = cache.get(key)
+    if not isinstance(node_id, int):
+        node = node_for_agent_token_hash(token_hash)
+        if node is None:
+            return None
+        node_id = node.pk
+        cache.set(key, node_id, timeout=AGENT_TOKEN_TTL_S)
+    return node_id, token_hash
 
 
 def gpu_model_for_product(product: str) -> GpuModel | None:
@@ -146,6 +187,7 @@ def node_register(*, node: Node, inventory: dict[str, Any]) -> Node:
     if node.state in (Node.State.PROVISIONING, Node.State.LOST):
         node.state = Node.State.READY
     node.save()
+    assignments_changed([node.pk])  # GPU slots may hold other devices now
     audit_record(
         actor=None,
         action="node.register",
@@ -173,6 +215,8 @@ def node_heartbeat(
         node.fenced = False
         fields.append("fenced")
         audit_record(actor=None, action="node.unfence", target=node)
+    if "fenced" in fields:
+        assignments_changed([node.pk])
     node.save(update_fields=fields)
     gpus = {g.uuid: g for g in node.gpus.all()}
     cache.set_many(
@@ -341,6 +385,84 @@ def job_started(*, node: Node, job_id: int, attempt: int, pid: int | None) -> Jo
             data={"pid": pid, "attempt": attempt},
         )
     return job
+
+
+@transaction.atomic
+def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`job_started` for many attempts at once (an agent's sync): one result per report.
+
+    The same checks as one by one: the node must run that attempt of the job, and the attempt
+    must be the job's current one; a stale report is answered as a conflict, not an error.
+    """
+    ids = sorted({int(r["job_id"]) for r in reports})
+    jobs = {j.pk: j for j in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
+    held = set(
+        Allocation.objects.filter(node=node, job_id__in=ids).values_list("job_id", "attempt")
+    )
+    moving: dict[int, Job] = {}
+    data: dict[int, dict[str, Any]] = {}
+    results: list[dict[str, Any]] = []
+    for r in reports:
+        job_id, attempt = int(r["job_id"]), int(r["attempt"])
+        result: dict[str, Any] = {"kind": "started", "job_id": job_id, "attempt": attempt}
+        job = jobs.get(job_id)
+        if job is None or (job_id, attempt) not in held:
+            result["conflict"] = "This node does not run that job attempt."
+        elif job.attempt != attempt:
+            result["conflict"] = "That attempt of the job is over."
+        elif job.state in (JobState.SCHEDULED, JobState.STARTING) or job_id in moving:
+            moving[job_id] = job
+            data.setdefault(job_id, {"pid": r.get("pid"), "attempt": attempt})
+        results.append(result)
+    jobs_transition_bulk(
+        jobs=list(moving.values()),
+        to=JobState.RUNNING,
+        reasons={pk: f"Started on {node.name}" for pk in moving},
+        actor_label=f"agent:{node.name}",
+        data=data,
+    )
+    for result in results:
+        if "conflict" not in result:
+            result["state"] = jobs[result["job_id"]].state
+    return results
+
+
+def agent_reports_apply(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Apply an agent's started/exited reports in their order; one result per report.
+
+    Consecutive starts are applied together; each exit on its own. A stale attempt is a
+    `conflict` in its result and does not undo the others.
+    """
+    results: list[dict[str, Any]] = []
+    i = 0
+    while i < len(reports):
+        if reports[i]["kind"] == "started":
+            j = i
+            while j < len(reports) and reports[j]["kind"] == "started":
+                j += 1
+            results += jobs_started(node=node, reports=reports[i:j])
+            i = j
+            continue
+        r = reports[i]
+        result: dict[str, Any] = {"kind": "exited", "job_id": r["job_id"], "attempt": r["attempt"]}
+        try:
+            job = job_exited(
+                node=node,
+                job_id=r["job_id"],
+                report=ExitReport(
+                    attempt=r["attempt"],
+                    exit_code=r["exit_code"],
+                    signal=r.get("signal"),
+                    reason=r["reason"],
+                    message=r.get("message", ""),
+                ),
+            )
+            result["state"] = job.state
+        except Conflict as exc:
+            result["conflict"] = exc.message
+        results.append(result)
+        i += 1
+    return results
 
 
 @dataclass(frozen=True)
@@ -562,6 +684,9 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
     old = node.state
     node.state = target
     node.save(update_fields=["state", "updated_at"])
+    if target == Node.State.RETIRED:
+        retired_hash = node.agent_token_hash
+        transaction.on_commit(lambda: agent_token_forget(retired_hash))
     if action == "reset_health":
         node.gpus.update(health=Gpu.Health.HEALTHY)
     NodeEvent.objects.create(
@@ -593,10 +718,12 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
 
 __all__ = [
     "ExitReport",
+    "agent_reports_apply",
     "assignments_for",
     "job_exited",
     "job_log_append",
     "job_started",
+    "jobs_started",
     "lost_nodes_sweep",
     "node_heartbeat",
     "node_issue_agent_token",

@@ -34,7 +34,7 @@ from scheduler.models import (
     NodeEvent,
     Pool,
 )
-from scheduler.nodes import node_issue_agent_token
+from scheduler.nodes import agent_token_forget, node_issue_agent_token
 
 
 class Provider(Protocol):
@@ -90,6 +90,7 @@ class AgentProcessProvider:
     def destroy(self, node: Node) -> None:
         self.stop(node)
         Node.objects.filter(pk=node.pk).update(state=Node.State.RETIRED, agent_token_hash="")
+        agent_token_forget(node.agent_token_hash)
 
     def describe(self, node: Node) -> dict[str, Any]:
         pid = node.labels.get("agent_pid")

@@ -14,6 +14,7 @@ from portal.db import bulk_update_fast
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import hooks
+from scheduler.dispatch import assignments_changed, changes_assignments
 from scheduler.models import Allocation, Job, JobEvent
 from scheduler.models import JobState as S
 
@@ -93,6 +94,12 @@ def job_transition(
             "estimated_start_at",
         }
     job.save(update_fields=sorted(fields))
+    if changes_assignments(current, to):
+        assignments_changed(
+            Allocation.objects.filter(job=job, ended_at__isnull=True).values_list(
+                "node_id", flat=True
+            )
+        )
     if current in HOLDS_GPUS and to not in HOLDS_GPUS:
         ending = Allocation.objects.filter(job=job, ended_at__isnull=True)
         nodes = (
@@ -132,6 +139,7 @@ def jobs_transition_bulk(
     fields = {"state", "updated_at", *update_fields}
     events = []
     placed = [j.pk for j in jobs if j.state not in HOLDS_GPUS and to in HOLDS_GPUS]
+    moved_on_nodes = []  # jobs whose move changes what their nodes run or stop
     for job in jobs:
         if not can_transition(job.state, to):
             raise Conflict(
@@ -149,11 +157,22 @@ def jobs_transition_bulk(
                 data=(data or {}).get(job.pk, {}),
             )
         )
+        if changes_assignments(job.state, to):
+            moved_on_nodes.append(job.pk)
         job.state = to
         job.updated_at = now
         if to == S.QUEUED:
             job.queued_at = now
             fields.add("queued_at")
+        if to == S.RUNNING and job.started_at is None:
+            job.started_at = now
+            fields.add("started_at")
+    if moved_on_nodes:
+        assignments_changed(
+            Allocation.objects.filter(job_id__in=moved_on_nodes, ended_at__isnull=True)
+            .values_list("node_id", flat=True)
+            .distinct()
+        )
     bulk_update_fast(Job, jobs, sorted(fields))
     JobEvent.objects.bulk_create(events)
     if placed and hooks.allocation_listeners():  # the caller created their allocations

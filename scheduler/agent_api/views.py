@@ -20,33 +20,53 @@ from rest_framework.views import APIView
 
 from portal.api.schema import PortalAutoSchema, StrictJSONParser
 from portal.api.serializers import StrictSerializer
-from scheduler import nodes
+from scheduler import dispatch, nodes
 from scheduler.models import Node
 
 
 class AgentPrincipal:
-    """The identity of a node's agent: authenticated, but not a user of the portal."""
+    """The identity of a node's agent: authenticated, but not a user of the portal.
+
+    Authentication only looks up which node a token names (remembered in the cache, so a poll
+    that finds nothing new costs no SQL); `node` loads the node and checks the token again in
+    the database, so whatever reads or writes the node's data is checked there.
+    """
 
     is_authenticated = True
     is_staff = False
     is_active = True
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, node_id: int, token_hash: str) -> None:
+        self.node_id = node_id
+        self._token_hash = token_hash
+        self._node: Node | None = None
+
+    @property
+    def node(self) -> Node:
+        return self._node if self._node is not None else self.fresh_node()
+
+    def fresh_node(self) -> Node:
+        """The node as the database has it now, its token checked there."""
+        node = nodes.node_for_agent_token_hash(self._token_hash, self.node_id)
+        if node is None:
+            nodes.agent_token_forget(self._token_hash)
+            raise exceptions.AuthenticationFailed("Unknown or retired node token.")
+        self._node = node
+        return node
 
     def __str__(self) -> str:
-        return f"agent:{self.node.name}"
+        return f"agent:{self.node_id}"
 
 
 class NodeTokenAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request: Request) -> tuple[AgentPrincipal, Node] | None:
+    def authenticate(self, request: Request) -> tuple[AgentPrincipal, None] | None:
         header = authentication.get_authorization_header(request).decode("latin-1").split()
         if len(header) != 2 or header[0] != "Bearer":
             raise exceptions.NotAuthenticated("Send 'Authorization: Bearer <node token>'.")
-        node = nodes.node_for_agent_token(header[1])
-        if node is None:
+        found = nodes.node_id_for_agent_token(header[1])
+        if found is None:
             raise exceptions.AuthenticationFailed("Unknown or retired node token.")
-        return AgentPrincipal(node), node
+        return AgentPrincipal(*found), None
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"
@@ -74,7 +94,7 @@ class AgentThrottle(throttling.SimpleRateThrottle):
         user = request.user
         if not isinstance(user, AgentPrincipal):
             return None
-        return self.cache_format % {"scope": self.scope, "ident": user.node.pk}
+        return self.cache_format % {"scope": self.scope, "ident": user.node_id}
 
 
 class AgentView(APIView):
@@ -182,6 +202,42 @@ class LogSerializer(StrictSerializer):
     text = serializers.CharField(max_length=256 * 1024, allow_blank=True, trim_whitespace=False)
 
 
+class SyncReportSerializer(StrictSerializer):
+    kind = serializers.ChoiceField(choices=["started", "exited"])
+    job_id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1)
+    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    exit_code = serializers.IntegerField(
+        min_value=-255, max_value=255, allow_null=True, required=False
+    )
+    signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
+    reason = serializers.ChoiceField(
+        choices=["exited", "killed", "preempted", "cancelled", "failed_to_start"], required=False
+    )
+    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["kind"] == "exited":
+            missing = [f for f in ("exit_code", "reason") if f not in attrs]
+            if missing:
+                raise serializers.ValidationError(
+                    {f: ["An exited report needs exit_code and reason."] for f in missing}
+                )
+        elif any(f in attrs for f in ("exit_code", "signal", "reason")):
+            raise serializers.ValidationError(
+                {"kind": ["A started report has no exit_code, signal or reason."]}
+            )
+        return attrs
+
+
+class SyncSerializer(StrictSerializer):
+    version = serializers.RegexField(
+        r"^[0-9a-f]{1,64}$", required=False, allow_null=True, allow_blank=True
+    )
+    reports = SyncReportSerializer(many=True, max_length=500, default=list)  # type: ignore[call-arg]
+    assignments = serializers.BooleanField(default=True)  # false: only the reports, no answer
+
+
 def _parse(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
     body = serializer_class(data=request.data)
     body.is_valid(raise_exception=True)
@@ -215,10 +271,46 @@ class HeartbeatView(AgentView):
 
 
 class AssignmentsView(AgentView):
+    """The assignments in full (agents before /sync)."""
+
     @extend_schema(responses={200: dict})
     def get(self, request: Request) -> Response:
-        node = Node.objects.get(pk=self.node.pk)
+        node = self.node
         return Response({"fenced": node.fenced, "assignments": nodes.assignments_for(node)})
+
+
+class SyncView(AgentView):
+    """One round trip: apply the agent's started/exited reports, answer its assignments.
+
+    With the `version` of the assignments it last received, an unchanged answer is
+    `{"unchanged": true}` and costs no SQL when there is nothing to report.
+    """
+
+    @extend_schema(request=SyncSerializer, responses={200: dict})
+    def post(self, request: Request) -> Response:
+        data = _parse(SyncSerializer, request)
+        agent: AgentPrincipal = request.user  # type: ignore[assignment]
+        results = (
+            nodes.agent_reports_apply(node=self.node, reports=data["reports"])
+            if data["reports"]
+            else []
+        )
+        if not data["assignments"]:
+            return Response({"results": results})
+        version = data.get("version")
+        if version and dispatch.assignments_version(agent.node_id) == version:
+            return Response({"unchanged": True, "version": version, "results": results})
+        version = dispatch.assignments_version_mint(agent.node_id)  # before reading, see dispatch
+        node = agent.fresh_node()
+        return Response(
+            {
+                "unchanged": False,
+                "version": version,
+                "fenced": node.fenced,
+                "assignments": nodes.assignments_for(node),
+                "results": results,
+            }
+        )
 
 
 class JobStartedView(AgentView):

@@ -246,6 +246,8 @@ RULES: dict[str, Rule] = {
     "agent-register": Rule({"post": AGENT_ONLY}),
     "agent-heartbeat": Rule({"post": AGENT_ONLY}),
     "agent-assignments": Rule({"get": {**AGENT_ONLY, "agent": 200}}),
+    # An empty body is a valid sync (nothing to report, send me my assignments).
+    "agent-sync": Rule({"post": {**AGENT_ONLY, "agent": 200}}),
     "agent-job-started": Rule({"post": AGENT_ONLY}),
     "agent-job-exited": Rule({"post": AGENT_ONLY}),
     "agent-job-logs": Rule({"post": AGENT_ONLY}),

@@ -27,7 +27,9 @@ API = "/api/agent/v1"
 class FakePortal:
     """A threaded loopback server speaking the agent API; tests script its state."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, sync: bool = True) -> None:
+        self.sync = sync  # False: a portal from before /sync (it answers 404)
+        self.version = 1  # of the assignments and fence, bumped by `set`
         self.lock = threading.Lock()
         self.calls: list[tuple[str, str, Any]] = []  # (method, path, body), in arrival order
         self.assignments: list[dict[str, Any]] = []
@@ -35,6 +37,7 @@ class FakePortal:
         self.unfence_when_idle = False
         self.down = False  # answer 503 to everything, like a restarting portal
         self.stale: set[tuple[int, int]] = set()  # (job, attempt) answered with 409
+        self.raw_paths: set[str] = set()  # paths the agent really requested
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -68,13 +71,17 @@ class FakePortal:
                 return 401, {"detail": "bad token"}
             assert path.startswith(API), path
             path = path[len(API) :]
+            self.raw_paths.add(path)
             self.calls.append((method, path, body))
             if path == "/register":
                 return 200, {"node": "node-1", "heartbeat_interval_s": 0.1, "poll_interval_s": 0.05}
             if path == "/heartbeat":
                 if self.fenced and self.unfence_when_idle and not body["running"]:
                     self.fenced = False
+                    self.version += 1
                 return 200, {"ok": True, "fenced": self.fenced}
+            if path == "/sync" and self.sync:
+                return 200, self._sync(body)
             if path == "/assignments":
                 return 200, {"fenced": self.fenced, "assignments": list(self.assignments)}
             match = re.fullmatch(r"/jobs/(\d+)/(started|exited|logs)", path)
@@ -83,6 +90,39 @@ class FakePortal:
                     return 409, {"detail": "stale attempt"}
                 return 200, {"ok": True}
             return 404, {"detail": "no such endpoint"}
+
+    def _sync(self, body: dict[str, Any]) -> dict[str, Any]:
+        """/sync as the portal answers it; each report is also recorded under its old path."""
+        results = []
+        for report in body["reports"]:
+            key = (report["job_id"], report["attempt"])
+            rest = {k: v for k, v in report.items() if k not in ("kind", "job_id")}
+            self.calls.append(("POST", f"/jobs/{report['job_id']}/{report['kind']}", rest))
+            result = {"kind": report["kind"], "job_id": key[0], "attempt": key[1]}
+            result.update({"conflict": "stale attempt"} if key in self.stale else {"state": "ok"})
+            results.append(result)
+        if not body["assignments"]:
+            return {"results": results}
+        version = str(self.version)
+        if body["version"] == version:
+            return {"unchanged": True, "version": version, "results": results}
+        return {
+            "unchanged": False,
+            "version": version,
+            "fenced": self.fenced,
+            "assignments": list(self.assignments),
+            "results": results,
+        }
+
+    def polls(self, calls: list[tuple[str, str, Any]] | None = None) -> list[int]:
+        """Indexes of the calls that read the assignments."""
+        with self.lock:
+            calls = self.calls if calls is None else calls
+            return [
+                i
+                for i, (_, p, b) in enumerate(calls)
+                if p == "/assignments" or (p == "/sync" and b["assignments"])
+            ]
 
     # -- what the agent told us ------------------------------------------------------------------
 
@@ -112,6 +152,7 @@ class FakePortal:
         with self.lock:
             for k, v in state.items():
                 setattr(self, k, v)
+            self.version += 1
 
     def close(self) -> None:
         self.server.shutdown()
@@ -168,9 +209,9 @@ class Running:
         assert not self.thread.is_alive(), "the agent did not stop"
 
 
-@pytest.fixture
-def portal() -> Iterator[FakePortal]:
-    p = FakePortal()
+@pytest.fixture(params=[True, False], ids=["sync", "before-sync"])
+def portal(request: pytest.FixtureRequest) -> Iterator[FakePortal]:
+    p = FakePortal(sync=request.param)
     yield p
     p.close()
 
@@ -261,6 +302,44 @@ def test_registers_heartbeats_runs_a_job_and_reports_it(
     assert len(portal.job_reports(1, "started")) == 1
     agent.shut_down()
     assert TOKEN not in caplog.text
+
+
+def test_sync_carries_the_reports_and_idle_polls_send_the_version(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    if not portal.sync:
+        pytest.skip("the /sync protocol only")
+    portal.set(assignments=[job(12, "sleep 300"), job(13, "sleep 300")])
+    start_agent()
+    wait_for(lambda: portal.job_reports(12, "started") and portal.job_reports(13, "started"))
+    time.sleep(0.3)  # a few idle polls
+    with portal.lock:
+        paths = [p for _, p, _ in portal.calls]
+        syncs = [b for _, p, b in portal.calls if p == "/sync"]
+    assert "/assignments" not in paths  # one round trip does it all
+    assert not any(re.fullmatch(r"/jobs/\d+/started", p) for p in paths if p in portal.raw_paths)
+    started = [r for b in syncs for r in b["reports"] if r["kind"] == "started"]
+    assert sorted(r["job_id"] for r in started) == [12, 13]
+    assert syncs[-1]["version"] == str(portal.version)  # idle: "what I have is this version"
+
+    # A new version brings the new assignments: 13 is no longer assigned.
+    portal.set(assignments=[job(12, "sleep 300")])
+    (exited,) = wait_for(lambda: portal.job_reports(13, "exited"), 5.0)
+    assert "no longer assigned" in exited["message"]
+
+
+def test_a_conflict_in_a_sync_answer_forgets_that_attempt_only(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    if not portal.sync:
+        pytest.skip("the /sync protocol only")
+    portal.set(stale={(14, 1)}, assignments=[job(14, "sleep 300"), job(15, "sleep 300")])
+    start_agent()
+    wait_for(lambda: portal.job_reports(14, "started") and portal.job_reports(15, "started"))
+    time.sleep(0.4)
+    running = [r["job_id"] for r in portal.bodies("/heartbeat")[-1]["running"]]
+    assert running == [15]  # 14 was stopped and forgotten; 15 runs on
+    assert portal.job_reports(14, "exited") == []
 
 
 def test_stops_a_job_that_disappears_from_the_assignments(
@@ -387,12 +466,13 @@ def test_rides_out_a_portal_outage_and_reconciles(
     assert len(portal.job_reports(8, "started")) == 1  # not restarted on reconnect
 
     # After reconnecting it first reports what it runs, then reads its assignments.
-    def after() -> list[str]:
+    def after() -> list[tuple[str, str, Any]]:
         with portal.lock:
-            return [p for _, p, _ in portal.calls[calls_before:]]
+            return portal.calls[calls_before:]
 
-    wait_for(lambda: "/assignments" in after(), 3.0)
-    assert after().index("/heartbeat") < after().index("/assignments")
+    wait_for(lambda: portal.polls(after()), 3.0)
+    heartbeats = [i for i, (_, p, _) in enumerate(after()) if p == "/heartbeat"]
+    assert heartbeats and heartbeats[0] < portal.polls(after())[0]
 
 
 def test_shutdown_stops_all_work_and_reports_it(

@@ -1,0 +1,57 @@
+"""Per-node assignment versions in the cache, so that an agent's poll that finds nothing new
+costs no SQL.
+
+A version names one state of a node's assignments (`nodes.assignments_for`). Every write that
+changes what a node must run or stop calls `assignments_changed(node_ids)` inside its
+transaction; after the commit those nodes' versions are dropped, and the next full read mints a
+new one *before* it reads the database, so a change that commits in between is never hidden
+behind the version it answers with. A missed call heals on its own: a version lives at most
+VERSION_TTL_S.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+
+from django.core.cache import cache
+from django.db import transaction
+
+from scheduler.models import JobState
+
+VERSION_TTL_S = 30
+_HOLDS_GPUS = frozenset(
+    {JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING}
+)
+
+
+def _key(node_id: int) -> str:
+    return f"scheduler:assignments:{node_id}"
+
+
+def changes_assignments(from_state: str, to_state: str) -> bool:
+    """Whether a job moving between these states changes what its nodes run or stop."""
+    return (from_state in _HOLDS_GPUS) != (to_state in _HOLDS_GPUS) or (
+        from_state == JobState.PREEMPTING
+    ) != (to_state == JobState.PREEMPTING)
+
+
+def assignments_changed(node_ids: Iterable[int]) -> None:
+    """Drop these nodes' versions once the current transaction commits (at once outside one)."""
+    keys = sorted({_key(pk) for pk in node_ids})
+    if keys:
+        transaction.on_commit(lambda: cache.delete_many(keys))
+
+
+def assignments_version(node_id: int) -> str | None:
+    """The node's current version, or None when there is none (changed, or expired)."""
+    version = cache.get(_key(node_id))
+    return version if isinstance(version, str) else None
+
+
+def assignments_version_mint(node_id: int) -> str:
+    """The version to answer a full read with. Call it before reading the assignments."""
+    version = secrets.token_hex(8)
+    if cache.add(_key(node_id), version, timeout=VERSION_TTL_S):
+        return version
+    return assignments_version(node_id) or version

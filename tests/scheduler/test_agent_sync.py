@@ -1,0 +1,170 @@
+"""The agent's /sync round trip: reports and assignments, the unchanged fast path, its limits."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from scheduler.cycle import run_cycle
+from scheduler.models import Allocation, Job, JobEvent, JobState
+from scheduler.nodes import node_issue_agent_token
+
+pytestmark = pytest.mark.django_db
+
+SYNC = "/api/agent/v1/sync"
+
+
+def agent(token: str) -> APIClient:
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return c
+
+
+@pytest.fixture
+def placed(team, fleet, api, django_capture_on_commit_callbacks):
+    """One 1-GPU H100 job, placed on a node (scheduled, not yet started)."""
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = api(team["member"]).post(
+            "/api/v1/jobs",
+            {"project": "alpha", "name": "s", "command": "true", "gpu_model": "H100-80GB-SXM"},
+            format="json",
+        )
+        run_cycle()
+    job = Job.objects.get(pk=resp.json()["id"])
+    alloc = Allocation.objects.get(job=job)
+    other = next(n for n in ("h1", "h2") if n != alloc.node.name)
+    return {
+        "job": job,
+        "node": alloc.node,
+        "client": agent(fleet["tokens"][alloc.node.name]),
+        "other": agent(fleet["tokens"][other]),
+    }
+
+
+def test_sync_answers_assignments_then_unchanged_without_sql(
+    placed, django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    client, job = placed["client"], placed["job"]
+    first = client.post(SYNC, {}, format="json").json()
+    assert first["unchanged"] is False and first["fenced"] is False
+    assert [a["job_id"] for a in first["assignments"]] == [job.pk]
+    with django_assert_num_queries(0):  # nothing new: no SQL at all
+        again = client.post(SYNC, {"version": first["version"]}, format="json").json()
+    assert again == {"unchanged": True, "version": first["version"], "results": []}
+
+    # Cancelling the job changes the node's assignments: the old version is no longer current.
+    with django_capture_on_commit_callbacks(execute=True):
+        from scheduler.admission import job_cancel
+
+        job_cancel(actor=job.submitted_by, job=job)
+    after = client.post(SYNC, {"version": first["version"]}, format="json").json()
+    assert after["unchanged"] is False and after["assignments"] == []
+    assert after["version"] != first["version"]
+
+
+def test_sync_reports_a_start_like_the_started_endpoint(placed):
+    client, job = placed["client"], placed["job"]
+    body = {"reports": [{"kind": "started", "job_id": job.pk, "attempt": 1, "pid": 42}]}
+    answer = client.post(SYNC, body, format="json").json()
+    assert answer["results"] == [
+        {"kind": "started", "job_id": job.pk, "attempt": 1, "state": JobState.RUNNING}
+    ]
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and job.started_at is not None
+    event = JobEvent.objects.filter(job=job).latest("pk")
+    assert (event.from_state, event.to_state) == (JobState.SCHEDULED, JobState.RUNNING)
+    assert event.actor_label == f"agent:{placed['node'].name}" and event.data["pid"] == 42
+    # Sent again (a retry): answered the same, and no second transition.
+    again = client.post(SYNC, body, format="json").json()
+    assert again["results"][0]["state"] == JobState.RUNNING
+    assert JobEvent.objects.filter(job=job, to_state=JobState.RUNNING).count() == 1
+
+
+def test_sync_reports_an_exit_and_the_job_ends(placed):
+    client, job = placed["client"], placed["job"]
+    reports = [
+        {"kind": "started", "job_id": job.pk, "attempt": 1},
+        {"kind": "exited", "job_id": job.pk, "attempt": 1, "exit_code": 0, "reason": "exited"},
+    ]
+    answer = client.post(SYNC, {"reports": reports}, format="json").json()
+    assert [r["state"] for r in answer["results"]] == [JobState.RUNNING, JobState.SUCCEEDED]
+    assert answer["assignments"] == []
+    assert not Allocation.objects.filter(job=job, ended_at__isnull=True).exists()
+
+
+def test_a_node_token_cannot_touch_another_nodes_job(placed):
+    other, job = placed["other"], placed["job"]
+    reports = [
+        {"kind": "started", "job_id": job.pk, "attempt": 1},
+        {"kind": "exited", "job_id": job.pk, "attempt": 1, "exit_code": 1, "reason": "exited"},
+    ]
+    answer = other.post(SYNC, {"reports": reports}, format="json").json()
+    assert [r.get("conflict") for r in answer["results"]] == [
+        "This node does not run that job attempt.",
+        "This node does not run that job attempt.",
+    ]
+    assert answer["assignments"] == []  # and it does not see the other node's work
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+
+
+def test_a_stale_attempt_is_a_conflict_and_does_not_undo_the_others(placed, fleet):
+    client, job = placed["client"], placed["job"]
+    reports = [
+        {"kind": "started", "job_id": job.pk, "attempt": 2},  # not this job's attempt
+        {"kind": "started", "job_id": job.pk, "attempt": 1},
+    ]
+    results = client.post(SYNC, {"reports": reports}, format="json").json()["results"]
+    assert "conflict" in results[0] and results[1]["state"] == JobState.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"reports": [{"kind": "started", "job_id": 1, "attempt": 1, "extra": 1}]}, "reports"),
+        ({"reports": [{"kind": "exited", "job_id": 1, "attempt": 1}]}, "reports"),
+        ({"reports": [{"kind": "started", "job_id": 1, "attempt": 1, "exit_code": 0}]}, "reports"),
+        ({"reports": [{"kind": "logs", "job_id": 1, "attempt": 1}]}, "reports"),
+        ({"reports": [{"kind": "started", "job_id": 0, "attempt": 1}]}, "reports"),
+        ({"reports": {"kind": "started"}}, "reports"),
+        ({"reports": [{"kind": "started", "job_id": 1, "attempt": 1}] * 501}, "reports"),
+        ({"version": "not-hex!"}, "version"),
+        ({"assignments": "maybe"}, "assignments"),
+        ({"surprise": True}, "surprise"),
+    ],
+)
+def test_bad_sync_payloads_get_a_400_naming_the_field(placed, body, field):
+    resp = placed["client"].post(SYNC, body, format="json")
+    assert resp.status_code == 400
+    assert field in resp.json()
+
+
+def test_a_token_issued_anew_stops_working_at_once(placed, django_capture_on_commit_callbacks):
+    client, node = placed["client"], placed["node"]
+    assert client.post(SYNC, {}, format="json").status_code == 200  # now remembered in the cache
+    with django_capture_on_commit_callbacks(execute=True):
+        node_issue_agent_token(node=node)
+    assert client.post(SYNC, {}, format="json").status_code == 401
+
+
+def test_a_write_checks_the_token_in_the_database_even_when_the_cache_vouches(placed):
+    client, node, job = placed["client"], placed["node"], placed["job"]
+    assert client.post(SYNC, {}, format="json").status_code == 200  # remembered in the cache
+    node_issue_agent_token(node=node)  # its commit hook (forget the old token) never runs here
+    body = {"reports": [{"kind": "started", "job_id": job.pk, "attempt": 1}]}
+    assert client.post(SYNC, body, format="json").status_code == 401
+    assert (
+        client.post(
+            "/api/agent/v1/heartbeat", {"telemetry": [], "running": []}, format="json"
+        ).status_code
+        == 401
+    )
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+
+
+def test_only_reports_when_the_agent_wants_no_assignments(placed):
+    client, job = placed["client"], placed["job"]
+    body = {"reports": [{"kind": "started", "job_id": job.pk, "attempt": 1}], "assignments": False}
+    answer = client.post(SYNC, body, format="json").json()
+    assert set(answer) == {"results"} and answer["results"][0]["state"] == JobState.RUNNING
