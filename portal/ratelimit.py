@@ -1,4 +1,10 @@
-"""A fixed-window rate limit for plain Django views (DRF views use DRF's throttles)."""
+"""Fixed-window rate limits: one cache round trip per check, exact under concurrency.
+
+`window_hit` counts a hit in the current window with INCR and EXPIRE in one pipeline, so
+concurrent requests never lose each other's hits (DRF's stock throttles keep a list of
+timestamps with a read and a write: two round trips, and racing requests overwrite each other).
+The DRF throttles below and `ratelimited` (plain Django views) both use it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,15 @@ from functools import wraps
 from typing import Any
 
 from django.core.cache import cache
+from django.core.cache.backends.redis import RedisCache
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework.request import Request
+from rest_framework.throttling import (
+    AnonRateThrottle,
+    ScopedRateThrottle,
+    SimpleRateThrottle,
+    UserRateThrottle,
+)
 
 PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
@@ -19,28 +33,88 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(count), PERIODS[period]
 
 
+def window_hit(key: str, period: int, *, now: float | None = None) -> tuple[int, int]:
+    """Count one hit for `key` in the current `period`-second window.
+
+    Returns (hits in this window so far, seconds until the window ends). One round trip on Redis.
+    """
+    now = time.time() if now is None else now
+    window = int(now // period)
+    retry_after = max(1, int(period - now % period + 0.999))
+    window_key = f"rl:{key}:{window}"
+    if isinstance(cache, RedisCache):
+        full_key = cache.make_and_validate_key(window_key)
+        client = cache._cache.get_client(full_key, write=True)
+        pipe = client.pipeline(transaction=True)
+        pipe.incr(full_key)
+        pipe.expire(full_key, period + 1)
+        count, _ = pipe.execute()
+        return int(count), retry_after
+    # Other backends (the embedded file cache): add then incr, atomic enough for one host.
+    cache.add(window_key, 0, timeout=period + 1)
+    try:
+        return cache.incr(window_key), retry_after
+    except ValueError:  # expired between the two calls
+        cache.set(window_key, 1, timeout=period + 1)
+        return 1, retry_after
+
+
+class FixedWindowMixin(SimpleRateThrottle):
+    """A DRF throttle counting in fixed windows (`window_hit`): 429 with Retry-After when over."""
+
+    retry_after: int | None = None
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        assert self.num_requests is not None and self.duration is not None
+        count, self.retry_after = window_hit(key, self.duration)
+        return count <= self.num_requests
+
+    def wait(self) -> float | None:
+        return self.retry_after
+
+
+class FixedWindowAnonThrottle(FixedWindowMixin, AnonRateThrottle):
+    """Anonymous requests per client address."""
+
+
+class FixedWindowUserThrottle(FixedWindowMixin, UserRateThrottle):
+    """Authenticated requests per user (anonymous ones per address)."""
+
+
+class FixedWindowScopedThrottle(FixedWindowMixin, ScopedRateThrottle):
+    """Per user and the view's `throttle_scope` (submit, dry run): the expensive endpoints."""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            return True
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return super().allow_request(request, view)
+
+
 def ratelimited(
     scope: str, rate: str
 ) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """A fixed-window limit per client address for a plain Django view."""
     limit, period = parse_rate(rate)
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            window = int(time.time() // period)
             who = request.META.get("REMOTE_ADDR") or "-"
-            key = f"rl:{scope}:{who}:{window}"
-            cache.add(key, 0, timeout=period + 1)
-            try:
-                count = cache.incr(key)
-            except ValueError:
-                count = 1
+            count, retry_after = window_hit(f"{scope}:{who}", period)
             if count > limit:
                 response = JsonResponse(
                     {"detail": f"Rate limit of {rate} exceeded; retry after the current window."},
                     status=429,
                 )
-                response["Retry-After"] = str(period - int(time.time()) % period)
+                response["Retry-After"] = str(retry_after)
                 return response
             return view(request, *args, **kwargs)
 

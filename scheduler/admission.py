@@ -5,12 +5,13 @@ A request arrives as a `JobSpec` from the form, the JSON API or a Kubernetes man
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.audit import audit_record
@@ -190,11 +191,15 @@ def admission_verdict(
     spec: JobSpec,
     now: datetime,
     hook_verdicts: list[Verdict] | None = None,
+    model_limits: dict[int, int] | None = None,
 ) -> Verdict:
     """Quota rules that decide at submission. Concurrency is held per cycle by the scheduler.
 
+    Every rule looks at this job, the quota and the project's allocations, never at other
+    admissions: concurrent submissions cannot change each other's verdicts.
     `hook_verdicts`: the extension points' answers if the caller asked them already (before
     taking the quota lock); they weigh after the quota rules either way.
+    `model_limits`: GPU model id -> max GPUs if the caller read them already, else the quota's.
     """
     notes = []
     if spec.gpu_count > quota.max_gpus_per_job:
@@ -221,17 +226,17 @@ def admission_verdict(
                 )
             borrowed = True
     if spec.gpu_model is not None:
-        limit = next(
-            (lim for lim in quota.model_limits.all() if lim.gpu_model_id == spec.gpu_model.pk), None
-        )
+        if model_limits is None:
+            model_limits = {lim.gpu_model_id: lim.max_gpus for lim in quota.model_limits.all()}
+        limit = model_limits.get(spec.gpu_model.pk)
         if limit is not None:
-            notes.append(f"{spec.gpu_model.name}: {limit.max_gpus} GPUs for the project")
-            if spec.gpu_fraction > limit.max_gpus:
+            notes.append(f"{spec.gpu_model.name}: {limit} GPUs for the project")
+            if spec.gpu_fraction > limit:
                 if not quota.allow_borrowing:
                     return Verdict(
                         False,
                         reason=f"The job needs {spec.gpu_fraction} × {spec.gpu_model.name}; the "
-                        f"project may hold {limit.max_gpus}.",
+                        f"project may hold {limit}.",
                     )
                 borrowed = True
     if quota.gpu_hours_per_month is not None:
@@ -256,6 +261,49 @@ def admission_verdict(
         "Over quota: admitted as preemptible work on idle GPUs." if borrowed else "Within quota."
     )
     return Verdict(True, borrowed=borrowed, reason=reason, quota_notes=tuple(notes))
+
+
+QUOTA_SHARE_LOCKED = """
+SELECT q.id, q.max_gpus, q.gpu_hours_per_month, q.max_gpus_per_job, q.max_priority,
+       q.allow_borrowing, q.updated_at,
+       (SELECT json_agg(json_build_array(l.gpu_model_id, l.max_gpus))
+          FROM portal_quotamodellimit l WHERE l.quota_id = q.id)
+  FROM portal_quota q WHERE q.project_id = %s
+   FOR SHARE OF q
+"""
+
+
+def quota_lock_for_admission(project: Project) -> tuple[Quota, dict[int, int]]:
+    """The project's quota and its per-model limits, in one statement, the row locked to commit.
+
+    A shared lock: admissions do not wait for each other (no rule reads another admission),
+    but a quota edit (an UPDATE) waits for the admissions in flight, and they for it, so every
+    verdict is made against the quota as it stands when the job is committed.
+    """
+    if connection.vendor != "postgresql":  # SQLite locks the whole database on write anyway
+        quota = (
+            Quota.objects.select_for_update().prefetch_related("model_limits").get(project=project)
+        )
+        return quota, {lim.gpu_model_id: lim.max_gpus for lim in quota.model_limits.all()}
+    with connection.cursor() as cursor:
+        cursor.execute(QUOTA_SHARE_LOCKED, [project.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise Quota.DoesNotExist(f"{project} has no quota.")
+    pk, max_gpus, hours, per_job, max_priority, borrowing, updated_at, limits = row
+    quota = Quota(
+        pk=pk,
+        project=project,
+        max_gpus=max_gpus,
+        gpu_hours_per_month=hours,
+        max_gpus_per_job=per_job,
+        max_priority=max_priority,
+        allow_borrowing=borrowing,
+        updated_at=updated_at,
+    )
+    if isinstance(limits, str):  # json, not jsonb: some drivers hand back the text
+        limits = json.loads(limits)
+    return quota, {int(model_id): int(cap) for model_id, cap in limits or ()}
 
 
 def job_from_spec(
@@ -304,24 +352,30 @@ def job_submit(
 
     Every job is written in its verdict's state with both of its events (submitted as pending,
     then queued or rejected), checked against the transition table: a job is pending only
-    inside this transaction, so nothing else can see it or move it in between. The quota row
-    is held from the verdict to the commit, so the writes after it are kept to a few statements.
+    inside this transaction, so nothing else can see it or move it in between. Everything that
+    does not depend on the quota (role, validation, billing's checks, the unsaved rows) comes
+    before the quota row is locked; from the lock to the commit there are one read and the writes.
     """
     require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
     spec = spec_validate(spec)
     now = timezone.now()
     # Billing's checks do not read the quota: asked before the lock, they do not lengthen it.
     hook_verdicts = admission_hook_verdicts(project=project, spec=spec, now=now)
-    # One admission at a time per project: the quota row is the lock.
-    quota = Quota.objects.select_for_update().prefetch_related("model_limits").get(project=project)
+    shards = [None] if spec.shard_count == 1 else list(range(spec.shard_count))
+    jobs = [job_from_spec(spec, project=project, user=actor, shard=shard) for shard in shards]
+    # The quota is read under a lock that holds off quota edits until this commits.
+    quota, model_limits = quota_lock_for_admission(project)
     verdict = admission_verdict(
-        project=project, quota=quota, spec=spec, now=now, hook_verdicts=hook_verdicts
+        project=project,
+        quota=quota,
+        spec=spec,
+        now=now,
+        hook_verdicts=hook_verdicts,
+        model_limits=model_limits,
     )
     to = JobState.QUEUED if verdict.admit else JobState.REJECTED
     if not can_transition(JobState.PENDING, to):  # the table is the authority, even here
         raise DomainError(f"A submitted job cannot become {to}.", code="invalid_transition")
-    shards = [None] if spec.shard_count == 1 else list(range(spec.shard_count))
-    jobs = [job_from_spec(spec, project=project, user=actor, shard=shard) for shard in shards]
     for job in jobs:
         job.borrowed = verdict.borrowed
         job.state = to

@@ -140,10 +140,11 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
+        "portal.ratelimit.FixedWindowAnonThrottle",
+        "portal.ratelimit.FixedWindowUserThrottle",
     ],
-    # Expensive endpoints have their own scopes (ScopedRateThrottle on those views).
+    # Fixed windows, one Redis round trip per check (portal/ratelimit.py). Expensive endpoints
+    # have their own scopes (FixedWindowScopedThrottle on those views); RATE_SUBMIT is per user.
     "DEFAULT_THROTTLE_RATES": {
         "anon": env("RATE_ANON", default="120/min"),
         "user": env("RATE_USER", default="6000/min"),

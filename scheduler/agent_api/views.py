@@ -12,7 +12,6 @@ from rest_framework import (
     permissions,
     serializers,
     status,
-    throttling,
 )
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,6 +19,7 @@ from rest_framework.views import APIView
 
 from portal.api.schema import PortalAutoSchema, StrictJSONParser
 from portal.api.serializers import StrictSerializer
+from portal.ratelimit import FixedWindowMixin
 from scheduler import dispatch, nodes
 from scheduler.models import Node
 
@@ -85,7 +85,7 @@ class IsAgent(permissions.BasePermission):
         return isinstance(request.user, AgentPrincipal)
 
 
-class AgentThrottle(throttling.SimpleRateThrottle):
+class AgentThrottle(FixedWindowMixin):
     """Per node: a runaway agent cannot flood the portal."""
 
     scope = "agent"

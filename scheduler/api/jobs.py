@@ -16,7 +16,6 @@ from rest_framework import mixins, parsers, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 
 from portal.api.schema import (
     NUL_FREE,
@@ -26,6 +25,7 @@ from portal.api.schema import (
 )
 from portal.api.serializers import StrictSerializer
 from portal.models import PriorityClass, Project, User
+from portal.ratelimit import FixedWindowScopedThrottle
 from portal.selectors import project_get_visible
 from scheduler import selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
@@ -261,7 +261,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if scope is None:
             return list(super().get_throttles())
         self.throttle_scope = scope
-        return [*super().get_throttles(), ScopedRateThrottle()]
+        return [*super().get_throttles(), FixedWindowScopedThrottle()]
 
     @property
     def _user(self) -> User:
