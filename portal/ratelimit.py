@@ -8,6 +8,7 @@ The DRF throttles below and `ratelimited` (plain Django views) both use it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -24,6 +25,8 @@ from rest_framework.throttling import (
     UserRateThrottle,
 )
 
+clock = time.time  # tests pin it to stay inside one window
+
 PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 
 
@@ -38,9 +41,9 @@ def window_hit(key: str, period: int, *, now: float | None = None) -> tuple[int,
 
     Returns (hits in this window so far, seconds until the window ends). One round trip on Redis.
     """
-    now = time.time() if now is None else now
+    now = clock() if now is None else now
     window = int(now // period)
-    retry_after = max(1, int(period - now % period + 0.999))
+    retry_after = max(1, math.ceil(period - now % period))
     window_key = f"rl:{key}:{window}"
     if isinstance(cache, RedisCache):
         full_key = cache.make_and_validate_key(window_key)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+import uuid
+
 import pytest
 from django.core.cache import cache
 from django.db import DatabaseError, transaction
@@ -72,12 +76,49 @@ def test_audit_events_cannot_be_edited_or_deleted(make_user):
 def test_submit_rate_limit(team, fleet, api, monkeypatch):
     from rest_framework.throttling import ScopedRateThrottle
 
+    from portal import ratelimit
+
     rates = {**ScopedRateThrottle.THROTTLE_RATES, "submit": "2/min"}
     monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", rates)
-    cache.delete(f"throttle_submit_{team['member'].pk}")
+    start = 60 * (time.time() // 60) + 50.2  # pinned: all three in one window, 9.8 s before its end
+    monkeypatch.setattr(ratelimit, "clock", lambda: start)
     client = api(team["member"])
     body = {"project": "alpha", "name": "x", "command": "true"}
-    codes = [client.post("/api/v1/jobs", body, format="json").status_code for _ in range(3)]
-    assert codes == [201, 201, 429]
+    responses = [client.post("/api/v1/jobs", body, format="json") for _ in range(3)]
+    assert [r.status_code for r in responses] == [201, 201, 429]
+    assert responses[2]["Retry-After"] == "10"
+    assert "throttled" in responses[2].json()["detail"].lower()
     assert client.get("/api/v1/jobs").status_code == 200  # reads are not held back
-    cache.delete(f"throttle_submit_{team['member'].pk}")
+    # the next window admits again; another user was never held back
+    monkeypatch.setattr(ratelimit, "clock", lambda: start + 10)
+    assert client.post("/api/v1/jobs", body, format="json").status_code == 201
+    monkeypatch.setattr(ratelimit, "clock", lambda: start)
+    assert api(team["owner"]).post("/api/v1/jobs", body, format="json").status_code == 201
+
+
+def test_fixed_window_counts_every_concurrent_hit_in_one_round_trip():
+    """Racing hits each get their own count (nothing lost), and the window's key expires."""
+    from django.core.cache import cache
+
+    from portal.ratelimit import window_hit
+
+    key, now = f"race-{uuid.uuid4().hex}", 1_000_020.0
+    counts: list[int] = []
+    lock = threading.Lock()
+
+    def hammer() -> None:
+        mine = [window_hit(key, 60, now=now)[0] for _ in range(50)]
+        with lock:
+            counts.extend(mine)
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(counts) == list(range(1, 401))
+    window_key = cache.make_and_validate_key(f"rl:{key}:{int(now // 60)}")
+    client = cache._cache.get_client(window_key, write=True)
+    assert 0 < client.ttl(window_key) <= 61
+    assert window_hit(key, 60, now=now + 59.5) == (401, 1)  # Retry-After: rest of the window
+    assert window_hit(key, 60, now=now + 60) == (1, 60)  # a new window starts from one
