@@ -42,6 +42,10 @@ class Stack:
             "NODE_HEARTBEAT_SECONDS": "5",
             "AGENT_POLL_SECONDS": "1",
             "DB_CONN_MAX_AGE": "60",  # as in production: persistent connections
+            # One bench user submits for everyone: per-user limits (20 submits/s by default) must
+            # not be what is measured.
+            "RATE_SUBMIT": "60000/min",
+            "RATE_USER": "60000/min",
         }
         self.port, self.web_workers, self.queues = port, web_workers, queues
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from django.core.cache import cache
+from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework.request import Request
@@ -45,6 +45,7 @@ def window_hit(key: str, period: int, *, now: float | None = None) -> tuple[int,
     window = int(now // period)
     retry_after = max(1, math.ceil(period - now % period))
     window_key = f"rl:{key}:{window}"
+    cache = caches["default"]  # the backend itself, not the proxy, to reach its Redis client
     if isinstance(cache, RedisCache):
         full_key = cache.make_and_validate_key(window_key)
         client = cache._cache.get_client(full_key, write=True)

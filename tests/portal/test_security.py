@@ -96,11 +96,20 @@ def test_submit_rate_limit(team, fleet, api, monkeypatch):
     assert api(team["owner"]).post("/api/v1/jobs", body, format="json").status_code == 201
 
 
-def test_fixed_window_counts_every_concurrent_hit_in_one_round_trip():
+def test_fixed_window_counts_every_concurrent_hit_in_one_round_trip(monkeypatch):
     """Racing hits each get their own count (nothing lost), and the window's key expires."""
-    from django.core.cache import cache
+    from django.core.cache import cache, caches
+    from django.core.cache.backends.redis import RedisCache
 
     from portal.ratelimit import window_hit
+
+    assert isinstance(caches["default"], RedisCache)
+
+    def two_round_trips(*args, **kwargs):
+        raise AssertionError("the limiter must count with one pipelined round trip")
+
+    monkeypatch.setattr(RedisCache, "add", two_round_trips)
+    monkeypatch.setattr(RedisCache, "incr", two_round_trips)
 
     key, now = f"race-{uuid.uuid4().hex}", 1_000_020.0
     counts: list[int] = []
