@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
 from rest_framework import (
     authentication,
     exceptions,
@@ -180,6 +180,9 @@ class HeartbeatSerializer(StrictSerializer):
     running = RunningSerializer(many=True, max_length=1000)  # type: ignore[call-arg]
 
 
+EXIT_REASONS = ["exited", "killed", "preempted", "cancelled", "failed_to_start"]
+
+
 class StartedSerializer(StrictSerializer):
     attempt = serializers.IntegerField(min_value=1)
     pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
@@ -189,9 +192,7 @@ class ExitedSerializer(StrictSerializer):
     attempt = serializers.IntegerField(min_value=1)
     exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
     signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
-    reason = serializers.ChoiceField(
-        choices=["exited", "killed", "preempted", "cancelled", "failed_to_start"]
-    )
+    reason = serializers.ChoiceField(choices=EXIT_REASONS)
     message = serializers.CharField(max_length=2000, allow_blank=True, default="")
 
 
@@ -200,6 +201,40 @@ class LogSerializer(StrictSerializer):
     seq = serializers.IntegerField(min_value=0)
     stream = serializers.ChoiceField(choices=["stdout", "stderr"])
     text = serializers.CharField(max_length=256 * 1024, allow_blank=True, trim_whitespace=False)
+
+
+class SyncStartedReport(StrictSerializer):
+    """What the schema says of a started report (parsing is `SyncReportSerializer`)."""
+
+    kind = serializers.ChoiceField(choices=["started"])
+    job_id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1)
+    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
+
+
+class SyncExitedReport(StrictSerializer):
+    """What the schema says of an exited report: exit_code and reason are required."""
+
+    kind = serializers.ChoiceField(choices=["exited"])
+    job_id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1)
+    exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
+    signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
+    reason = serializers.ChoiceField(choices=EXIT_REASONS)
+    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
+
+
+@extend_schema_field(
+    PolymorphicProxySerializer(
+        component_name="SyncReport",
+        serializers={"started": SyncStartedReport, "exited": SyncExitedReport},
+        resource_type_field_name="kind",
+        many=True,
+    )
+)
+class SyncReportList(serializers.ListSerializer):  # type: ignore[type-arg]
+    """The reports of a sync; the schema shows each as a started or an exited report."""
 
 
 class SyncReportSerializer(StrictSerializer):
@@ -211,10 +246,11 @@ class SyncReportSerializer(StrictSerializer):
         min_value=-255, max_value=255, allow_null=True, required=False
     )
     signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
-    reason = serializers.ChoiceField(
-        choices=["exited", "killed", "preempted", "cancelled", "failed_to_start"], required=False
-    )
+    reason = serializers.ChoiceField(choices=EXIT_REASONS, required=False)
     message = serializers.CharField(max_length=2000, allow_blank=True, default="")
+
+    class Meta:
+        list_serializer_class = SyncReportList
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["kind"] == "exited":
