@@ -19,7 +19,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.db import bulk_update_rows
+from portal.db import bulk_update_rows, insert_rows
 from portal.models import Quota
 from scheduler import hooks
 from scheduler.core.model import (
@@ -373,6 +373,16 @@ def policy_config() -> PolicyConfig:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _LockedGpu:
+    node_id: int
+    node_name: str
+    usable: bool  # healthy, on a ready node that is not fenced
+    model_id: int
+    capacity_milli: int
+    memory_mib: int
+
+
 @dataclass
 class CycleResult:
     placed: list[int] = field(default_factory=list)
@@ -397,18 +407,57 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     return result
 
 
+ALLOCATION_FIELDS = (
+    "job",
+    "gpu",
+    "node",
+    "attempt",
+    "share_milli",
+    "memory_mib",
+    "gpu_model",
+    "borrowed",
+    "started_at",
+    "ended_at",
+    "end_reason",
+)
+
+
 @transaction.atomic
 def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleResult:
+    """Write the plan's placements and preemptions; drop a placement that no longer fits.
+
+    Plain rows throughout (a big cycle places hundreds of jobs on thousands of GPUs): the
+    allocations and the JobEvents go in as one multi-row INSERT each, the jobs in one UPDATE.
+    """
     result = CycleResult()
     touched = sorted({s.gpu_id for p in decided.placements for s in p.shares})
     # Lock the GPU rows in a fixed order, then read what is allocated on them now.
-    locked = {
-        g.pk: g
-        for g in Gpu.objects.select_for_update(of=("self",))
+    locked: dict[int, _LockedGpu] = {}
+    for pk, node_id, name, node_state, fenced, model_id, health, sharing, factor, memory in (
+        Gpu.objects.select_for_update(of=("self",))
         .filter(pk__in=touched)
-        .select_related("node", "model")
         .order_by("pk")
-    }
+        .values_list(
+            "pk",
+            "node_id",
+            "node__name",
+            "node__state",
+            "node__fenced",
+            "model_id",
+            "health",
+            "sharing_mode",
+            "oversubscription",
+            "memory_mib",
+        )
+    ):
+        locked[pk] = _LockedGpu(
+            node_id=node_id,
+            node_name=name,
+            usable=health != Gpu.Health.UNHEALTHY and node_state == Node.State.READY and not fenced,
+            model_id=model_id,
+            capacity_milli=1000 if sharing == Gpu.SharingMode.EXCLUSIVE else 1000 * factor,
+            memory_mib=memory,
+        )
     used: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
     for gpu_id, share, mem in Allocation.objects.filter(
@@ -418,63 +467,68 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
         used_mem[gpu_id] += mem
 
     placing = {
-        j.pk: j
-        for j in Job.objects.select_for_update(of=("self",))
+        pk: (attempt, borrowed, job_state)
+        for pk, attempt, borrowed, job_state in Job.objects.select_for_update(of=("self",))
         .filter(pk__in=[p.job_id for p in decided.placements], state=JobState.QUEUED)
         .order_by("pk")
+        .values_list("pk", "attempt", "borrowed", "state")
     }
-    new_allocations: list[Allocation] = []
-    scheduled: list[Job] = []
+    new_allocations: list[tuple[Any, ...]] = []
+    scheduled: list[tuple[Any, ...]] = []
     reasons: dict[int, str] = {}
     event_data: dict[int, dict[str, object]] = {}
     for placement in decided.placements:
-        job = placing.get(placement.job_id)
-        if job is None:
-            result.dropped.append(placement.job_id)
+        job_id = placement.job_id
+        row = placing.get(job_id)
+        if row is None:
+            result.dropped.append(job_id)
             continue
-        fits = all(
-            s.gpu_id in locked
-            and locked[s.gpu_id].health != Gpu.Health.UNHEALTHY
-            and locked[s.gpu_id].node.state == Node.State.READY
-            and not locked[s.gpu_id].node.fenced
-            and used[s.gpu_id] + s.milli <= locked[s.gpu_id].capacity_milli
-            and used_mem[s.gpu_id] + s.memory_mib <= locked[s.gpu_id].memory_mib
-            for s in placement.shares
-        )
-        if not fits:
-            result.dropped.append(job.pk)
-            continue
-        job.attempt += 1
-        job.borrowed = job.borrowed or placement.borrowed
+        fits = True
         for s in placement.shares:
+            gpu = locked.get(s.gpu_id)
+            if (
+                gpu is None
+                or not gpu.usable
+                or used[s.gpu_id] + s.milli > gpu.capacity_milli
+                or used_mem[s.gpu_id] + s.memory_mib > gpu.memory_mib
+            ):
+                fits = False
+                break
+        if not fits:
+            result.dropped.append(job_id)
+            continue
+        attempt = row[0] + 1
+        borrowed = row[1] or placement.borrowed
+        for s in placement.shares:
+            gpu = locked[s.gpu_id]
             used[s.gpu_id] += s.milli
             used_mem[s.gpu_id] += s.memory_mib
             new_allocations.append(
-                Allocation(
-                    job=job,
-                    gpu_id=s.gpu_id,
-                    node_id=locked[s.gpu_id].node_id,
-                    attempt=job.attempt,
-                    share_milli=s.milli,
-                    memory_mib=s.memory_mib,
-                    gpu_model_id=locked[s.gpu_id].model_id,
-                    borrowed=job.borrowed,
-                    started_at=now,
+                (
+                    job_id,
+                    s.gpu_id,
+                    gpu.node_id,
+                    attempt,
+                    s.milli,
+                    s.memory_mib,
+                    gpu.model_id,
+                    borrowed,
+                    now,
+                    None,
+                    "",
                 )
             )
-        job.pending_reason = job.pending_message = ""
-        job.queue_position = None
-        job.estimated_start_at = None
-        nodes = sorted({locked[s.gpu_id].node.name for s in placement.shares})
-        reasons[job.pk] = f"Placed on {', '.join(nodes)}" + (
+        # a placed job no longer waits: clear its reason, position and estimate
+        scheduled.append((job_id, row[2], attempt, borrowed, "", "", None, None))
+        nodes = sorted({locked[s.gpu_id].node_name for s in placement.shares})
+        reasons[job_id] = f"Placed on {', '.join(nodes)}" + (
             " (borrowed, preemptible)" if placement.borrowed else ""
         )
-        event_data[job.pk] = {"gpus": [s.gpu_id for s in placement.shares], "attempt": job.attempt}
-        scheduled.append(job)
-        result.placed.append(job.pk)
-    Allocation.objects.bulk_create(new_allocations)
+        event_data[job_id] = {"gpus": [s.gpu_id for s in placement.shares], "attempt": attempt}
+        result.placed.append(job_id)
+    insert_rows(Allocation, ALLOCATION_FIELDS, new_allocations)
     jobs_transition_bulk(
-        jobs=scheduled,
+        rows=scheduled,
         to=JobState.SCHEDULED,
         reasons=reasons,
         actor_label="scheduler",
@@ -529,18 +583,13 @@ def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
             changed[job_id] = new
     if not changed:
         return 0
-    with transaction.atomic():
-        free = (
-            Job.objects.select_for_update(skip_locked=True)
-            .filter(pk__in=list(changed), state=JobState.QUEUED)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-        return bulk_update_rows(
-            Job,
-            ["pending_reason", "pending_message", "queue_position", "estimated_start_at"],
-            [(pk, *changed[pk]) for pk in free],
-        )
+    # One statement: lock what is free and still queued (skipping rows held elsewhere), update it.
+    return bulk_update_rows(
+        Job,
+        ["pending_reason", "pending_message", "queue_position", "estimated_start_at"],
+        [(pk, *new) for pk, new in changed.items()],
+        skip_locked_where={"state": JobState.QUEUED},
+    )
 
 
 @transaction.atomic

@@ -5,12 +5,14 @@ Every transition writes a JobEvent (who, when, why) in the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from portal.db import bulk_update_fast
+from portal.db import bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler.models import Allocation, Job, JobEvent
@@ -110,44 +112,62 @@ def job_transition(
 
 def jobs_transition_bulk(
     *,
-    jobs: list[Job],
+    rows: Sequence[tuple[Any, ...]],
     to: str,
-    reasons: dict[int, str],
+    reasons: Mapping[int, str],
     actor_label: str,
-    data: dict[int, dict[str, Any]] | None = None,
-    update_fields: tuple[str, ...] = (),
-) -> None:
+    data: Mapping[int, dict[str, Any]] | None = None,
+    update_fields: Sequence[str] = (),
+    now: datetime | None = None,
+) -> int:
     """`job_transition` for many jobs at once (the scheduling cycle's placements).
 
-    The caller has locked the rows and loaded their current state; every move is checked
-    against the same table, and every job gets its JobEvent.
+    `rows` are `(pk, current state, *values of update_fields)` for rows the caller has locked;
+    every move is checked against the same table and every job gets its JobEvent. Plain rows
+    and two statements, whatever the count: no model instances.
     """
-    if not jobs:
-        return
-    now = timezone.now()
-    fields = {"state", "updated_at", *update_fields}
+    if not rows:
+        return 0
+    now = now or timezone.now()
+    fields = ["state", "updated_at", *update_fields]
+    extra: tuple[Any, ...] = ()
+    if to == S.QUEUED:
+        fields.append("queued_at")
+        extra = (now,)
+    updates = []
     events = []
-    for job in jobs:
-        if not can_transition(job.state, to):
+    for pk, current, *values in rows:
+        if not can_transition(current, to):
             raise Conflict(
-                f"Job {job.pk} is {job.state}; it cannot become {to}.", code="invalid_transition"
+                f"Job {pk} is {current}; it cannot become {to}.", code="invalid_transition"
             )
-        if job.state in HOLDS_GPUS and to not in HOLDS_GPUS:
+        if current in HOLDS_GPUS and to not in HOLDS_GPUS:
             raise Conflict("Bulk transitions do not release GPUs; use job_transition.")
+        updates.append((pk, to, now, *values, *extra))
         events.append(
-            JobEvent(
-                job=job,
-                from_state=job.state,
-                to_state=to,
-                actor_label=actor_label,
-                reason=reasons.get(job.pk, "")[:500],
-                data=(data or {}).get(job.pk, {}),
+            (
+                pk,
+                now,
+                current,
+                to,
+                None,
+                actor_label,
+                reasons.get(pk, "")[:500],
+                (data or {}).get(pk, {}),
             )
         )
-        job.state = to
-        job.updated_at = now
-        if to == S.QUEUED:
-            job.queued_at = now
-            fields.add("queued_at")
-    bulk_update_fast(Job, jobs, sorted(fields))
-    JobEvent.objects.bulk_create(events)
+    updated = bulk_update_rows(Job, fields, updates)
+    insert_rows(JobEvent, JOB_EVENT_FIELDS, events)
+    return updated
+
+
+JOB_EVENT_FIELDS = (
+    "job",
+    "created_at",
+    "from_state",
+    "to_state",
+    "actor",
+    "actor_label",
+    "reason",
+    "data",
+)
