@@ -83,6 +83,8 @@ class ClusterState:
     _col_of_gpu: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     _affinity_shared: bool = False
+    # Rows whose Counter this state owns once it stopped sharing its list (None: all rows).
+    _affinity_owned: set[int] | None = None
 
     def __post_init__(self) -> None:
         if self.version.shape[0] != self.n_nodes:
@@ -203,10 +205,15 @@ class ClusterState:
         st.tie_rank = self.tie_rank
         return st
 
-    def _own_affinity(self) -> None:
+    def _own_affinity(self, row: int) -> None:
+        """Copy on write, per row: a copy shares the Counters until one of them changes."""
         if self._affinity_shared:
-            self.affinity = [Counter(a) for a in self.affinity]
+            self.affinity = list(self.affinity)
             self._affinity_shared = False
+            self._affinity_owned = set()
+        if self._affinity_owned is not None and row not in self._affinity_owned:
+            self.affinity[row] = Counter(self.affinity[row])
+            self._affinity_owned.add(row)
 
     # ---------------------------------------------------------------- lookups
     def row_of(self, node_id: int) -> int:
@@ -295,7 +302,7 @@ class ClusterState:
             self.gpu_mem_left[row, c] -= gm
         self.cpu_free[row] -= cpu
         self.mem_free[row] -= mem
-        self._own_affinity()
+        self._own_affinity(row)
         self.affinity[row][affinity_tag(len(cols), milli)] += 1
         self.version[row] += 1
 
@@ -320,7 +327,7 @@ class ClusterState:
         self.version[row] += 1
 
     def drop_affinity(self, row: int, tag: str) -> None:
-        self._own_affinity()
+        self._own_affinity(row)
         a = self.affinity[row]
         if a.get(tag, 0) > 0:
             a[tag] -= 1
