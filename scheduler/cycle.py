@@ -7,6 +7,7 @@ A placement that no longer fits is dropped and retried on the next cycle.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -17,6 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from portal.db import bulk_update_rows, insert_rows
@@ -78,8 +81,7 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
         {
             "pk": job.pk,
             "project__slug": job.project.slug,
-            "queued_at": job.queued_at,
-            "created_at": job.created_at,
+            "submitted_at": job.queued_at or job.created_at,
             "gpus": job.gpus,
             "gpu_milli": job.gpu_milli,
             "gpu_memory_mib": job.gpu_memory_mib,
@@ -105,8 +107,6 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
 QUEUED_FIELDS = (
     "pk",
     "project__slug",
-    "queued_at",
-    "created_at",
     "gpus",
     "gpu_milli",
     "gpu_memory_mib",
@@ -114,7 +114,6 @@ QUEUED_FIELDS = (
     "gpus_per_node",
     "gpu_model__name",
     "min_gpu_memory_gb",
-    "precisions",
     "cpu_milli",
     "memory_mib",
     "priority",
@@ -136,7 +135,7 @@ def _request(row: dict[str, Any], preempted_by: frozenset[int]) -> JobRequest:
     return JobRequest(
         job_id=row["pk"],
         project=row["project__slug"],
-        submitted_at=ts(row["queued_at"] or row["created_at"]),
+        submitted_at=ts(row["submitted_at"]),
         gpus=row["gpus"],
         gpu_milli=row["gpu_milli"],
         gpu_memory_mib=row["gpu_memory_mib"],
@@ -157,15 +156,25 @@ def _request(row: dict[str, Any], preempted_by: frozenset[int]) -> JobRequest:
     )
 
 
-def _decayed_usage(project_ids: set[int], now: datetime) -> dict[int, float]:
-    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours."""
+def _decayed_usage(
+    project_ids: set[int], now: datetime, active: list[tuple[int, int, datetime]]
+) -> dict[int, float]:
+    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours.
+
+    `active` holds the active allocations as (project id, share, started at), already read
+    by the snapshot; only the allocations that ended within the week are read here.
+    """
     usage: dict[int, float] = defaultdict(float)
     since = now - timedelta(days=7)
-    rows = (
-        Allocation.objects.filter(job__project_id__in=project_ids)
-        .exclude(ended_at__lt=since)
-        .values_list("job__project_id", "share_milli", "started_at", "ended_at")
-    )
+    ended_rows = Allocation.objects.filter(
+        job__project_id__in=project_ids, ended_at__gte=since
+    ).values_list("job__project_id", "share_milli", "started_at", "ended_at")
+    rows: list[tuple[int, int, datetime, datetime | None]] = [
+        (project_id, share, started, None)
+        for project_id, share, started in active
+        if project_id in project_ids
+    ]
+    rows += list(ended_rows)
     for project_id, share, started, ended in rows:
         end = ended or now
         hours = max(0.0, (end - max(started, since)).total_seconds()) / 3600 * share / 1000
@@ -304,8 +313,20 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     queued = list(
         Job.objects.filter(state=JobState.QUEUED)
         .order_by("queued_at", "pk")
-        .values(*QUEUED_FIELDS, "project_id")
+        .values(
+            *QUEUED_FIELDS,
+            "project_id",
+            submitted_at=Coalesce("queued_at", "created_at"),
+            # as text: decoded once per distinct value, most jobs ask for none
+            precisions_json=Cast("precisions", output_field=TextField()),
+        )
     )
+    decoded: dict[str, list[str]] = {}
+    for r in queued:
+        text = r["precisions_json"]
+        if text not in decoded:
+            decoded[text] = json.loads(text)
+        r["precisions"] = decoded[text]
     recent = now - timedelta(seconds=PREEMPTION_MEMORY_S)
     preempted_by: dict[int, set[int]] = defaultdict(set)
     for job_id, data in JobEvent.objects.filter(
@@ -336,7 +357,11 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     )
     over_budget = hooks.projects_over_budget(project_ids)
     reserved = hooks.reserved_gpus_by_project(now)
-    usage = _decayed_usage(project_ids, now)
+    usage = _decayed_usage(
+        project_ids,
+        now,
+        [(holders[a[0]]["project_id"], a[3], a[5]) for a in active],
+    )
     project_quotas = {
         q.project.slug: ProjectQuota(
             max_gpus=q.max_gpus,

@@ -12,6 +12,7 @@ start. The same inputs and seed give the same plan.
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -276,13 +277,11 @@ class _Planner:
         )
         self.shrunk: dict[int, list[Share]] = {}
         self.placements: list[Placement] = []
-        self.placed_ends: list[tuple[float | None, int, list[_Take]]] = []
-        # The release timeline of running work, sorted once; see `release_events`.
-        self.running_events: list[_Event] = sorted(
+        # Expected releases in time order, kept sorted as work is placed; see `release_events`.
+        self.timeline: list[_Event] = sorted(
             ((_end_or_inf(w.expected_end(), now), w.job_id, w) for w in self.running),
             key=_BY_TIME,
         )
-        self.events_cache: tuple[tuple[int, int], list[_Event]] | None = None
         # Per-cycle caches keyed by `epoch` (bumped whenever placed work changes usage or the
         # free GPUs), so a cached answer is never read after the state it came from changed.
         self.quota_cache: dict[tuple[object, ...], tuple[BoolArray, str, int]] = {}
@@ -778,30 +777,16 @@ class _Planner:
         self.placements.append(Placement(job.job_id, shares, borrowed, nodes, gpus))
         self.epoch += 1
         end = None if job.runtime_estimate_s is None else self.now + job.runtime_estimate_s
-        self.placed_ends.append((end, job.job_id, takes))
+        insort(self.timeline, (_end_or_inf(end, self.now), job.job_id, takes), key=_BY_TIME)
 
     # ------------------------------------------------------------------ estimates
     def release_events(self) -> list[_Event]:
         """Expected releases: (time, job id, what), unknown ends last (at +inf).
 
-        The running work's timeline is sorted once; this merges in what was placed so far and
-        drops the victims, and is recomputed only when either changed.
+        Running work (less the victims) and what this cycle placed, in (time, job id) order:
+        sorted once, then kept in order as placements and preemptions happen.
         """
-        key = (len(self.placed_ends), len(self.gone))
-        if self.events_cache is not None and self.events_cache[0] == key:
-            return self.events_cache[1]
-        ev = self.running_events
-        if self.gone:
-            ev = [e for e in ev if e[1] not in self.gone]
-        if self.placed_ends:
-            placed: list[_Event] = [
-                (end if end is not None else math.inf, jid, takes)
-                for end, jid, takes in self.placed_ends
-            ]
-            # two sorted runs: the sort merges them in linear time
-            ev = sorted(ev + sorted(placed, key=_BY_TIME), key=_BY_TIME)
-        self.events_cache = (key, ev)
-        return ev
+        return self.timeline
 
     def _release_event(self, st: ClusterState, what: RunningWork | list[_Take]) -> None:
         if isinstance(what, list):
@@ -1018,6 +1003,8 @@ class _Planner:
                     self.release(trial, v, self.shrunk.get(v.job_id, v.shares))
             if self.find(trial, job, node_ok, model_ok, None, self.first_fit) is not None:
                 chosen.remove(w)
+        gone = {v.job_id for v in chosen}
+        self.timeline = [e for e in self.timeline if e[1] not in gone]
         for v in chosen:
             self.gone.add(v.job_id)
             why = (
