@@ -286,6 +286,9 @@ class _Planner:
         # free GPUs), so a cached answer is never read after the state it came from changed.
         self.quota_cache: dict[tuple[object, ...], tuple[BoolArray, str, int]] = {}
         self.protected_cache: dict[tuple[object, ...], BoolArray] = {}
+        self.any_reserved = any(q.reserved for q in snap.quotas.values())
+        self.all_models = np.ones(len(self.st.models), dtype=bool)
+        self.all_models.flags.writeable = False
         self.free_cache: dict[tuple[object, ...], int] = {}
         self.preemptions: list[Preemption] = []
         self.preempt_attempts = 0
@@ -508,6 +511,8 @@ class _Planner:
     def protected_models(self, job: JobRequest, need_gpus: int) -> BoolArray:
         """Models whose idle GPUs, after this job, would still cover other projects' unused
         reservations (only those may be used without borrowing)."""
+        if not self.any_reserved:
+            return self.all_models
         key = (self.epoch, job.project, need_gpus)
         hit = self.protected_cache.get(key)
         if hit is None:

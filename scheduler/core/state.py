@@ -141,25 +141,47 @@ class ClusterState:
         midx = {m: i for i, m in enumerate(models)}
         st = cls.empty(n, g)
         st.models = models
+        # one Python pass collecting flat columns, then whole-array assignments
+        rows: list[int] = []
+        cols: list[int] = []
+        per_gpu: list[tuple[int, int, int, int, bool, int, int, int, bool]] = []
         for r, nd in enumerate(snap.nodes):
-            st.node_ids[r] = nd.node_id
             st.names[r] = nd.name
             st.pools[r] = nd.pool
             st.labels[r] = nd.labels
-            st.schedulable[r] = nd.schedulable
-            st.cpu_free[r] = nd.cpu_milli_free
-            st.mem_free[r] = nd.memory_mib_free
             for c, gv in enumerate(sorted(nd.gpus, key=lambda x: x.index)):
-                st.gpu_ids[r, c] = gv.gpu_id
-                st.gpu_index[r, c] = gv.index
-                st.gpu_model[r, c] = midx[gv.model]
-                st.gpu_mem[r, c] = gv.memory_mib
-                if gv.healthy:
-                    st.gpu_valid[r, c] = True
-                    st.gpu_cap[r, c] = gv.capacity_milli
-                    st.gpu_left[r, c] = gv.free_milli
-                    st.gpu_mem_left[r, c] = gv.free_memory_mib
-                    st.gpu_share_ok[r, c] = gv.sharing in FRACTIONAL_SHARING
+                rows.append(r)
+                cols.append(c)
+                healthy = gv.healthy
+                per_gpu.append(
+                    (
+                        gv.gpu_id,
+                        gv.index,
+                        midx[gv.model],
+                        gv.memory_mib,
+                        healthy,
+                        gv.capacity_milli if healthy else 0,
+                        gv.free_milli if healthy else 0,
+                        gv.free_memory_mib if healthy else 0,
+                        healthy and gv.sharing in FRACTIONAL_SHARING,
+                    )
+                )
+        st.node_ids[:] = [nd.node_id for nd in snap.nodes]
+        st.schedulable[:] = [nd.schedulable for nd in snap.nodes]
+        st.cpu_free[:] = [nd.cpu_milli_free for nd in snap.nodes]
+        st.mem_free[:] = [nd.memory_mib_free for nd in snap.nodes]
+        if per_gpu:
+            at = (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))
+            ids, index, model, mem, valid, cap, left, mem_left, share = zip(*per_gpu, strict=True)
+            st.gpu_ids[at] = ids
+            st.gpu_index[at] = index
+            st.gpu_model[at] = model
+            st.gpu_mem[at] = mem
+            st.gpu_valid[at] = valid
+            st.gpu_cap[at] = cap
+            st.gpu_left[at] = left
+            st.gpu_mem_left[at] = mem_left
+            st.gpu_share_ok[at] = share
         st.reindex()
         by_row: dict[int, list[tuple[int, int]]] = {}
         for w in snap.running:
