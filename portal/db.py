@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.models import FloatField, Func
 
 # Rows per statement: bounds the size of one query's parameters.
 CHUNK = 5000
@@ -145,7 +146,8 @@ def _bulk_update_fallback(
             .values_list("pk", flat=True)
         )
         by_pk = {pk: by_pk[pk] for pk in free}
-    objs = [model(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in by_pk.values()]
+    names = [c.attname for c in _columns(model, fields)]  # rows carry ids for foreign keys
+    objs = [model(pk=row[0], **dict(zip(names, row[1:], strict=True))) for row in by_pk.values()]
     updated: int = model._default_manager.bulk_update(objs, fields, batch_size=500)
     return updated
 
@@ -162,7 +164,8 @@ def insert_rows(
         return 0
     cols = _columns(model, fields)
     if connection.vendor != "postgresql":
-        objs = [model(**dict(zip(fields, row, strict=True))) for row in rows]
+        names = [c.attname for c in cols]  # `job_id`, not `job`: rows carry ids
+        objs = [model(**dict(zip(names, row, strict=True))) for row in rows]
         model._default_manager.bulk_create(objs, batch_size=500)
         return len(objs)
     qn = connection.ops.quote_name
@@ -177,3 +180,20 @@ def insert_rows(
             cursor.execute(sql, arrays)
             total += cursor.rowcount
     return total
+
+
+class EpochSeconds(Func):
+    """A datetime as seconds since 1970 (float), computed by the database: reading many rows
+    as numbers skips building a datetime object per row."""
+
+    output_field = FloatField()
+    arity = 1
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        template = "EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # SQLite stores UTC text; julianday keeps milliseconds
+        template = "((julianday(%(expressions)s) - 2440587.5) * 86400.0)"
+        return self.as_sql(compiler, connection, template=template, **extra)

@@ -22,7 +22,7 @@ from django.db.models import TextField
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
-from portal.db import bulk_update_rows, insert_rows
+from portal.db import EpochSeconds, bulk_update_rows, insert_rows
 from portal.models import Quota
 from scheduler import hooks
 from scheduler.core.model import (
@@ -81,7 +81,7 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
         {
             "pk": job.pk,
             "project__slug": job.project.slug,
-            "submitted_at": job.queued_at or job.created_at,
+            "submitted_at": ts(job.queued_at or job.created_at),
             "gpus": job.gpus,
             "gpu_milli": job.gpu_milli,
             "gpu_memory_mib": job.gpu_memory_mib,
@@ -103,6 +103,21 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
         preempted_by,
     )
 
+
+HOLDER_FIELDS = (
+    "project_id",
+    "project__slug",
+    "priority",
+    "preemptible",
+    "borrowed",
+    "state",
+    "min_runtime_s",
+    "runtime_estimate_s",
+    "elastic_min",
+    "elastic_max",
+    "cpu_milli",
+    "memory_mib",
+)
 
 QUEUED_FIELDS = (
     "pk",
@@ -135,7 +150,7 @@ def _request(row: dict[str, Any], preempted_by: frozenset[int]) -> JobRequest:
     return JobRequest(
         job_id=row["pk"],
         project=row["project__slug"],
-        submitted_at=ts(row["submitted_at"]),
+        submitted_at=row["submitted_at"],
         gpus=row["gpus"],
         gpu_milli=row["gpu_milli"],
         gpu_memory_mib=row["gpu_memory_mib"],
@@ -157,28 +172,29 @@ def _request(row: dict[str, Any], preempted_by: frozenset[int]) -> JobRequest:
 
 
 def _decayed_usage(
-    project_ids: set[int], now: datetime, active: list[tuple[int, int, datetime]]
+    project_ids: set[int], now: datetime, active: list[tuple[int, int, float]]
 ) -> dict[int, float]:
     """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours.
 
-    `active` holds the active allocations as (project id, share, started at), already read
-    by the snapshot; only the allocations that ended within the week are read here.
+    `active` holds the active allocations as (project id, share, start in epoch seconds),
+    already read by the snapshot; only the allocations that ended within the week are read here.
     """
     usage: dict[int, float] = defaultdict(float)
     since = now - timedelta(days=7)
-    ended_rows = Allocation.objects.filter(
-        job__project_id__in=project_ids, ended_at__gte=since
-    ).values_list("job__project_id", "share_milli", "started_at", "ended_at")
-    rows: list[tuple[int, int, datetime, datetime | None]] = [
-        (project_id, share, started, None)
+    now_s, since_s = ts(now), ts(since)
+    rows: list[tuple[int, int, float, float]] = [
+        (project_id, share, started, now_s)
         for project_id, share, started in active
         if project_id in project_ids
     ]
-    rows += list(ended_rows)
-    for project_id, share, started, ended in rows:
-        end = ended or now
-        hours = max(0.0, (end - max(started, since)).total_seconds()) / 3600 * share / 1000
-        age_h = (now - end).total_seconds() / 3600
+    rows += Allocation.objects.filter(
+        job__project_id__in=project_ids, ended_at__gte=since
+    ).values_list(
+        "job__project_id", "share_milli", EpochSeconds("started_at"), EpochSeconds("ended_at")
+    )
+    for project_id, share, started, end in rows:
+        hours = max(0.0, end - max(started, since_s)) / 3600 * share / 1000
+        age_h = (now_s - end) / 3600
         usage[project_id] += hours * math.pow(0.5, age_h / FAIR_SHARE_HALF_LIFE_H)
     return usage
 
@@ -188,36 +204,39 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
 
     Plain `values()` rows, not model instances: the cycle reads tens of thousands of rows.
     """
+    # Active allocations with their job's columns in one read (consistent, no id list).
     active = list(
         Allocation.objects.filter(ended_at__isnull=True).values_list(
-            "job_id", "node_id", "gpu_id", "share_milli", "memory_mib", "started_at"
+            "job_id",
+            "node_id",
+            "gpu_id",
+            "share_milli",
+            "memory_mib",
+            EpochSeconds("started_at"),
+            "job__project_id",
+            "job__project__slug",
+            "job__priority",
+            "job__preemptible",
+            "job__borrowed",
+            "job__state",
+            "job__min_runtime_s",
+            "job__runtime_estimate_s",
+            "job__elastic_min",
+            "job__elastic_max",
+            "job__cpu_milli",
+            "job__memory_mib",
         )
     )
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
-    by_job: dict[int, list[tuple[int, int, int, int, int, datetime]]] = defaultdict(list)
+    by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    holders: dict[int, dict[str, Any]] = {}
     for row in active:
         used_milli[row[2]] += row[3]
         used_mem[row[2]] += row[4]
         by_job[row[0]].append(row)
-    holders = {
-        r["pk"]: r
-        for r in Job.objects.filter(pk__in=list(by_job)).values(
-            "pk",
-            "project_id",
-            "project__slug",
-            "priority",
-            "preemptible",
-            "borrowed",
-            "state",
-            "min_runtime_s",
-            "runtime_estimate_s",
-            "elastic_min",
-            "elastic_max",
-            "cpu_milli",
-            "memory_mib",
-        )
-    }
+        if row[0] not in holders:
+            holders[row[0]] = dict(zip(HOLDER_FIELDS, row[6:], strict=True))
     node_cpu: dict[int, int] = defaultdict(int)
     node_mem: dict[int, int] = defaultdict(int)
     running: list[RunningWork] = []
@@ -238,7 +257,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
                 priority=job["priority"],
                 preemptible=(job["preemptible"] or job["borrowed"])
                 and job["state"] != JobState.PREEMPTING,
-                started_at=ts(min(a[5] for a in allocs)),
+                started_at=min(a[5] for a in allocs),
                 min_runtime_s=job["min_runtime_s"],
                 runtime_estimate_s=job["runtime_estimate_s"],
                 shares=tuple(
@@ -316,7 +335,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         .values(
             *QUEUED_FIELDS,
             "project_id",
-            submitted_at=Coalesce("queued_at", "created_at"),
+            submitted_at=EpochSeconds(Coalesce("queued_at", "created_at")),
             # as text: decoded once per distinct value, most jobs ask for none
             precisions_json=Cast("precisions", output_field=TextField()),
         )
@@ -357,11 +376,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     )
     over_budget = hooks.projects_over_budget(project_ids)
     reserved = hooks.reserved_gpus_by_project(now)
-    usage = _decayed_usage(
-        project_ids,
-        now,
-        [(holders[a[0]]["project_id"], a[3], a[5]) for a in active],
-    )
+    usage = _decayed_usage(project_ids, now, [(a[6], a[3], a[5]) for a in active])
     project_quotas = {
         q.project.slug: ProjectQuota(
             max_gpus=q.max_gpus,

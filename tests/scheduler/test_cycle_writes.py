@@ -49,6 +49,8 @@ def columns(jobs: list[Job]) -> dict[int, tuple[object, ...]]:
 def test_placements_write_allocations_events_and_clear_reasons(lab):
     running = queue(lab, 8, runtime_estimate_s=7200)  # fills the 8 GPUs
     now = timezone.now()
+    submitted = {r.job_id: r.submitted_at for r in build_state(now=now).queue}
+    assert submitted == {j.pk: pytest.approx(j.queued_at.timestamp(), abs=1e-6) for j in running}
     result, _ = cycle(now)
     assert sorted(result.placed) == sorted(j.pk for j in running)
     for job in Job.objects.filter(pk__in=result.placed):
@@ -69,6 +71,9 @@ def test_placements_write_allocations_events_and_clear_reasons(lab):
     for gpu in Gpu.objects.all():
         held = sum(a.share_milli for a in gpu.allocations.filter(ended_at__isnull=True))
         assert held == gpu.capacity_milli
+    # the next snapshot sees the work as running since the cycle's time
+    started = {w.job_id: w.started_at for w in build_state(now=now).snapshot.running}
+    assert started == {pk: pytest.approx(now.timestamp(), abs=1e-6) for pk in result.placed}
 
 
 @pytest.mark.django_db
