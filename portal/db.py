@@ -164,8 +164,8 @@ def insert_rows(
         return 0
     cols = _columns(model, fields)
     if connection.vendor != "postgresql":
-        names = [c.attname for c in cols]  # `job_id`, not `job`: rows carry ids
-        objs = [model(**dict(zip(names, row, strict=True))) for row in rows]
+        attnames = [c.attname for c in cols]  # `job_id`, not `job`: rows carry ids
+        objs = [model(**dict(zip(attnames, row, strict=True))) for row in rows]
         model._default_manager.bulk_create(objs, batch_size=500)
         return len(objs)
     qn = connection.ops.quote_name
