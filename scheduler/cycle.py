@@ -78,28 +78,28 @@ class ClusterState:
 def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobRequest:
     """The core's view of a Job instance (the dry run's hypothetical job)."""
     return _request(
-        {
-            "pk": job.pk,
-            "project__slug": job.project.slug,
-            "submitted_at": ts(job.queued_at or job.created_at),
-            "gpus": job.gpus,
-            "gpu_milli": job.gpu_milli,
-            "gpu_memory_mib": job.gpu_memory_mib,
-            "nodes": job.nodes,
-            "gpus_per_node": job.gpus_per_node,
-            "gpu_model__name": job.gpu_model.name if job.gpu_model is not None else None,
-            "min_gpu_memory_gb": job.min_gpu_memory_gb,
-            "precisions": job.precisions,
-            "cpu_milli": job.cpu_milli,
-            "memory_mib": job.memory_mib,
-            "priority": job.priority,
-            "preemptible": job.preemptible,
-            "borrowed": job.borrowed,
-            "runtime_estimate_s": job.runtime_estimate_s,
-            "elastic_min": job.elastic_min,
-            "elastic_max": job.elastic_max,
-            "pool__name": job.pool.name if job.pool is not None else None,
-        },
+        (
+            job.pk,
+            job.project.slug,
+            job.gpus,
+            job.gpu_milli,
+            job.gpu_memory_mib,
+            job.nodes,
+            job.gpus_per_node,
+            job.gpu_model.name if job.gpu_model is not None else None,
+            job.min_gpu_memory_gb,
+            job.cpu_milli,
+            job.memory_mib,
+            job.priority,
+            job.preemptible,
+            job.borrowed,
+            job.runtime_estimate_s,
+            job.elastic_min,
+            job.elastic_max,
+            job.pool.name if job.pool is not None else None,
+            ts(job.queued_at or job.created_at),
+        ),
+        frozenset(job.precisions),
         preempted_by,
     )
 
@@ -119,6 +119,7 @@ HOLDER_FIELDS = (
     "memory_mib",
 )
 
+# What the core needs of a queued job, in the order `_request` reads them (a plain row).
 QUEUED_FIELDS = (
     "pk",
     "project__slug",
@@ -138,35 +139,54 @@ QUEUED_FIELDS = (
     "elastic_min",
     "elastic_max",
     "pool__name",
-    "pending_reason",
-    "pending_message",
-    "queue_position",
-    "estimated_start_at",
 )
 
 
-def _request(row: dict[str, Any], preempted_by: frozenset[int]) -> JobRequest:
-    model = row["gpu_model__name"]
+def _request(
+    row: tuple[Any, ...], precisions: frozenset[str], preempted_by: frozenset[int]
+) -> JobRequest:
+    """A JobRequest from a row of QUEUED_FIELDS followed by the submission time (epoch s)."""
+    (
+        pk,
+        project,
+        gpus,
+        gpu_milli,
+        gpu_memory_mib,
+        nodes,
+        gpus_per_node,
+        model,
+        min_gpu_memory_gb,
+        cpu_milli,
+        memory_mib,
+        priority,
+        preemptible,
+        borrowed,
+        runtime_estimate_s,
+        elastic_min,
+        elastic_max,
+        pool,
+        submitted_at,
+    ) = row[:19]
     return JobRequest(
-        job_id=row["pk"],
-        project=row["project__slug"],
-        submitted_at=row["submitted_at"],
-        gpus=row["gpus"],
-        gpu_milli=row["gpu_milli"],
-        gpu_memory_mib=row["gpu_memory_mib"],
-        nodes=row["nodes"],
-        gpus_per_node=row["gpus_per_node"],
+        job_id=pk,
+        project=project,
+        submitted_at=submitted_at,
+        gpus=gpus,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_memory_mib,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
         models=frozenset({model}) if model else frozenset(),
-        min_gpu_memory_mib=row["min_gpu_memory_gb"] * 1000 * 1000 * 1000 // (1024 * 1024),
-        precisions=frozenset(row["precisions"]),
-        cpu_milli=row["cpu_milli"],
-        memory_mib=row["memory_mib"],
-        priority=row["priority"],
-        preemptible=row["preemptible"] or row["borrowed"],
-        runtime_estimate_s=row["runtime_estimate_s"],
-        elastic_min=row["elastic_min"],
-        elastic_max=row["elastic_max"],
-        pool=row["pool__name"],
+        min_gpu_memory_mib=min_gpu_memory_gb * 1000 * 1000 * 1000 // (1024 * 1024),
+        precisions=precisions,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        priority=priority,
+        preemptible=preemptible or borrowed,
+        runtime_estimate_s=runtime_estimate_s,
+        elastic_min=elastic_min,
+        elastic_max=elastic_max,
+        pool=pool,
         preempted_by=preempted_by,
     )
 
@@ -329,23 +349,22 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         for pk, name, pool, cpu, mem, labels, state, fenced, heartbeat in nodes
     ]
 
+    # Plain tuples: QUEUED_FIELDS, submission time, then what only this function reads.
     queued = list(
         Job.objects.filter(state=JobState.QUEUED)
         .order_by("queued_at", "pk")
-        .values(
+        .values_list(
             *QUEUED_FIELDS,
-            "project_id",
-            submitted_at=EpochSeconds(Coalesce("queued_at", "created_at")),
+            EpochSeconds(Coalesce("queued_at", "created_at")),
             # as text: decoded once per distinct value, most jobs ask for none
-            precisions_json=Cast("precisions", output_field=TextField()),
+            Cast("precisions", output_field=TextField()),
+            "project_id",
+            "pending_reason",
+            "pending_message",
+            "queue_position",
+            "estimated_start_at",
         )
     )
-    decoded: dict[str, list[str]] = {}
-    for r in queued:
-        text = r["precisions_json"]
-        if text not in decoded:
-            decoded[text] = json.loads(text)
-        r["precisions"] = decoded[text]
     recent = now - timedelta(seconds=PREEMPTION_MEMORY_S)
     preempted_by: dict[int, set[int]] = defaultdict(set)
     for job_id, data in JobEvent.objects.filter(
@@ -353,17 +372,20 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     ).values_list("job_id", "data"):
         if isinstance(data, dict) and data.get("for_job"):
             preempted_by[job_id].add(int(data["for_job"]))
-    queue = [_request(r, frozenset(preempted_by[r["pk"]])) for r in queued]
-    pending_now = {
-        r["pk"]: (
-            r["pending_reason"],
-            r["pending_message"],
-            r["queue_position"],
-            r["estimated_start_at"],
+    decoded: dict[str, frozenset[str]] = {}
+    none: frozenset[int] = frozenset()
+    queue = []
+    pending_now = {}
+    for r in queued:
+        text = r[19]
+        if text not in decoded:
+            decoded[text] = frozenset(json.loads(text))
+        pk = r[0]
+        queue.append(
+            _request(r, decoded[text], frozenset(preempted_by[pk]) if pk in preempted_by else none)
         )
-        for r in queued
-    }
-    project_ids |= {r["project_id"] for r in queued}
+        project_ids.add(r[20])
+        pending_now[pk] = (r[21], r[22], r[23], r[24])
     for extra in extra_jobs or []:
         queue.append(job_request(extra))
         if extra.project_id:
