@@ -1,25 +1,22 @@
-"""Database helpers for hot paths."""
+"""Database helpers for hot paths: many rows in one statement, without model instances.
+
+On PostgreSQL every column travels as one array parameter and the statement reads them back
+with `unnest`, so the SQL stays a few lines long whatever the row count (no per-row
+placeholders to build and parse). Elsewhere (SQLite, the embedded demo) they fall back to
+Django's `bulk_update` / `bulk_create`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.models import FloatField, Func
 
-
-def bulk_update_fast(
-    model: type[models.Model], objs: Sequence[models.Model], fields: Sequence[str]
-) -> int:
-    """Update `fields` of many model instances in one statement (see `bulk_update_rows`)."""
-    if not objs:
-        return 0
-    if connection.vendor != "postgresql":
-        updated: int = model._default_manager.bulk_update(objs, fields, batch_size=500)
-        return updated
-    cols = _columns(model, fields)
-    rows = [(obj.pk, *(getattr(obj, c.attname) for c in cols)) for obj in objs]
-    return bulk_update_rows(model, fields, rows)
+# Rows per statement: bounds the size of one query's parameters.
+CHUNK = 5000
 
 
 def _columns(model: type[models.Model], fields: Sequence[str]) -> list[models.Field[Any, Any]]:
@@ -29,45 +26,174 @@ def _columns(model: type[models.Model], fields: Sequence[str]) -> list[models.Fi
     return cols
 
 
-def bulk_update_rows(
-    model: type[models.Model], fields: Sequence[str], rows: Sequence[tuple[Any, ...]]
-) -> int:
-    """Update many rows given as `(pk, value, ...)` tuples, without building model instances.
+# Field types whose database value is the Python value itself on PostgreSQL, for the plain
+# values below; anything else goes through the field's own `get_db_prep_save`.
+_PLAIN_FIELDS = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "BigIntegerField",
+        "BooleanField",
+        "CharField",
+        "ForeignKey",
+        "IntegerField",
+        "PositiveBigIntegerField",
+        "PositiveIntegerField",
+        "PositiveSmallIntegerField",
+        "SmallIntegerField",
+        "TextField",
+    }
+)
+_PLAIN_VALUES = (int, str, bool, type(None))
 
-    On PostgreSQL this is `UPDATE ... FROM (VALUES ...)`, which stays fast for thousands of rows
-    where Django's `bulk_update` builds a CASE per field; elsewhere it falls back to it.
+
+def _array_params(
+    cols: Sequence[models.Field[Any, Any]], rows: Sequence[tuple[Any, ...]]
+) -> tuple[list[str], list[list[Any]]]:
+    """One `%s::type[]` placeholder and one list of database values per column."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    casts = [f"%s::{c.db_type(conn)}[]" for c in cols]
+    arrays: list[list[Any]] = []
+    for i, c in enumerate(cols):
+        values = [row[i] for row in rows]
+        kind = c.get_internal_type()
+        if kind == "ForeignKey":
+            kind = c.target_field.get_internal_type()  # type: ignore[attr-defined]
+        if kind in _PLAIN_FIELDS:
+            plain = all(type(v) in _PLAIN_VALUES for v in values)
+        elif kind == "DateTimeField":  # aware datetimes are passed as they are
+            plain = all(v is None or (isinstance(v, datetime) and v.tzinfo) for v in values)
+        else:
+            plain = False
+        arrays.append(values if plain else [c.get_db_prep_save(v, conn) for v in values])
+    return casts, arrays
+
+
+def bulk_update_rows(
+    model: type[models.Model],
+    fields: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    skip_locked_where: Mapping[str, Any] | None = None,
+) -> int:
+    """Update many rows given as `(pk, value, ...)` tuples; returns how many were updated.
+
+    With `skip_locked_where` (field → value), only rows that still match it and that no other
+    transaction holds are updated (`FOR UPDATE SKIP LOCKED`); the others keep their values.
     """
     if not rows:
         return 0
     cols = _columns(model, fields)
     if connection.vendor != "postgresql":
-        objs = [model(pk=row[0], **dict(zip(fields, row[1:], strict=True))) for row in rows]
-        updated: int = model._default_manager.bulk_update(objs, fields, batch_size=500)
-        return updated
+        return _bulk_update_fallback(model, fields, rows, skip_locked_where)
     pk = model._meta.pk
     assert pk is not None and pk.column is not None
-    table = connection.ops.quote_name(model._meta.db_table)
-    casts = [pk.db_type(connection)] + [c.db_type(connection) for c in cols]
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk_col = qn(pk.column)
     names = ["id_", *[f"c{i}" for i in range(len(cols))]]
-    assignments = ", ".join(
-        f"{connection.ops.quote_name(str(c.column))} = v.c{i}::{casts[i + 1]}"
-        for i, c in enumerate(cols)
-    )
+    assignments = ", ".join(f"{qn(str(c.column))} = v.c{i}" for i, c in enumerate(cols))
+    guard_cols = _columns(model, list(skip_locked_where or {}))
+    guard_values = list((skip_locked_where or {}).values())
     # Identifiers come from the model's metadata and values are parameters.
-    where = f"t.{connection.ops.quote_name(pk.column)} = v.id_::{casts[0]}"
+    if skip_locked_where is not None:
+        where = " AND ".join(
+            [f"{pk_col} = ANY(%s::{pk.db_type(connection)}[])"]
+            + [f"{qn(str(c.column))} = %s" for c in guard_cols]
+        )
+        head = (
+            f"WITH free AS (SELECT {pk_col} AS id_ FROM {table} WHERE {where} "  # noqa: S608
+            f"ORDER BY {pk_col} FOR UPDATE SKIP LOCKED) "
+        )
+        join = "JOIN free ON free.id_ = v.id_ "
+    else:
+        head = join = ""
     total = 0
-    for start in range(0, len(rows), 2000):
-        chunk = rows[start : start + 2000]
+    for start in range(0, len(rows), CHUNK):
+        chunk = rows[start : start + CHUNK]
+        casts, arrays = _array_params([pk, *cols], chunk)
         params: list[Any] = []
-        for row in chunk:
-            params.append(pk.get_db_prep_value(row[0], connection))
+        if skip_locked_where is not None:
+            params.append(arrays[0])
             params += [
-                c.get_db_prep_save(v, connection) for c, v in zip(cols, row[1:], strict=True)
+                c.get_db_prep_value(v, connection)
+                for c, v in zip(guard_cols, guard_values, strict=True)
             ]
-        placeholder = "(" + ", ".join(["%s"] * (len(cols) + 1)) + ")"
-        values_sql = ", ".join([placeholder] * len(chunk))
-        sql = f"UPDATE {table} AS t SET {assignments} FROM (VALUES {values_sql}) AS v({', '.join(names)}) WHERE {where}"  # noqa: S608
+        params += arrays
+        sql = (
+            f"{head}UPDATE {table} AS t SET {assignments} "  # noqa: S608
+            f"FROM (SELECT * FROM unnest({', '.join(casts)}) AS u({', '.join(names)})) AS v "
+            f"{join}WHERE t.{pk_col} = v.id_"
+        )
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             total += cursor.rowcount
     return total
+
+
+def _bulk_update_fallback(
+    model: type[models.Model],
+    fields: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    skip_locked_where: Mapping[str, Any] | None,
+) -> int:
+    by_pk = {row[0]: row for row in rows}
+    if skip_locked_where is not None:
+        free = (
+            model._default_manager.select_for_update(skip_locked=True)
+            .filter(pk__in=list(by_pk), **skip_locked_where)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        by_pk = {pk: by_pk[pk] for pk in free}
+    names = [c.attname for c in _columns(model, fields)]  # rows carry ids for foreign keys
+    objs = [model(pk=row[0], **dict(zip(names, row[1:], strict=True))) for row in by_pk.values()]
+    updated: int = model._default_manager.bulk_update(objs, fields, batch_size=500)
+    return updated
+
+
+def insert_rows(
+    model: type[models.Model], fields: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> int:
+    """Insert many rows given as value tuples in `fields` order, without model instances.
+
+    Nothing model-side runs: callers pass every column that has no database default
+    (`auto_now_add` and Python `default=` values included).
+    """
+    if not rows:
+        return 0
+    cols = _columns(model, fields)
+    if connection.vendor != "postgresql":
+        attnames = [c.attname for c in cols]  # `job_id`, not `job`: rows carry ids
+        objs = [model(**dict(zip(attnames, row, strict=True))) for row in rows]
+        model._default_manager.bulk_create(objs, batch_size=500)
+        return len(objs)
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    names = ", ".join(qn(str(c.column)) for c in cols)
+    total = 0
+    for start in range(0, len(rows), CHUNK):
+        chunk = rows[start : start + CHUNK]
+        casts, arrays = _array_params(cols, chunk)
+        sql = f"INSERT INTO {table} ({names}) SELECT * FROM unnest({', '.join(casts)})"  # noqa: S608
+        with connection.cursor() as cursor:
+            cursor.execute(sql, arrays)
+            total += cursor.rowcount
+    return total
+
+
+class EpochSeconds(Func):
+    """A datetime as seconds since 1970 (float), computed by the database: reading many rows
+    as numbers skips building a datetime object per row."""
+
+    output_field = FloatField()
+    arity = 1
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        template = "EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # SQLite stores UTC text; julianday keeps milliseconds
+        template = "((julianday(%(expressions)s) - 2440587.5) * 86400.0)"
+        return self.as_sql(compiler, connection, template=template, **extra)

@@ -7,6 +7,7 @@ A placement that no longer fits is dropped and retried on the next cycle.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -17,9 +18,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Max, TextField
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
-from portal.db import bulk_update_rows
+from portal.db import EpochSeconds, bulk_update_rows, insert_rows
 from portal.models import Quota
 from scheduler import hooks
 from scheduler.core.model import (
@@ -75,38 +78,51 @@ class ClusterState:
 def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobRequest:
     """The core's view of a Job instance (the dry run's hypothetical job)."""
     return _request(
-        {
-            "pk": job.pk,
-            "project__slug": job.project.slug,
-            "queued_at": job.queued_at,
-            "created_at": job.created_at,
-            "gpus": job.gpus,
-            "gpu_milli": job.gpu_milli,
-            "gpu_memory_mib": job.gpu_memory_mib,
-            "nodes": job.nodes,
-            "gpus_per_node": job.gpus_per_node,
-            "gpu_model__name": job.gpu_model.name if job.gpu_model is not None else None,
-            "min_gpu_memory_gb": job.min_gpu_memory_gb,
-            "precisions": job.precisions,
-            "cpu_milli": job.cpu_milli,
-            "memory_mib": job.memory_mib,
-            "priority": job.priority,
-            "preemptible": job.preemptible,
-            "borrowed": job.borrowed,
-            "runtime_estimate_s": job.runtime_estimate_s,
-            "elastic_min": job.elastic_min,
-            "elastic_max": job.elastic_max,
-            "pool__name": job.pool.name if job.pool is not None else None,
-        },
+        (
+            job.pk,
+            job.project.slug,
+            job.gpus,
+            job.gpu_milli,
+            job.gpu_memory_mib,
+            job.nodes,
+            job.gpus_per_node,
+            job.gpu_model.name if job.gpu_model is not None else None,
+            job.min_gpu_memory_gb,
+            job.cpu_milli,
+            job.memory_mib,
+            job.priority,
+            job.preemptible,
+            job.borrowed,
+            job.runtime_estimate_s,
+            job.elastic_min,
+            job.elastic_max,
+            job.pool.name if job.pool is not None else None,
+            ts(job.queued_at or job.created_at),
+        ),
+        frozenset(job.precisions),
         preempted_by,
     )
 
 
+HOLDER_FIELDS = (
+    "project_id",
+    "project__slug",
+    "priority",
+    "preemptible",
+    "borrowed",
+    "state",
+    "min_runtime_s",
+    "runtime_estimate_s",
+    "elastic_min",
+    "elastic_max",
+    "cpu_milli",
+    "memory_mib",
+)
+
+# What the core needs of a queued job, in the order `_request` reads them (a plain row).
 QUEUED_FIELDS = (
     "pk",
     "project__slug",
-    "queued_at",
-    "created_at",
     "gpus",
     "gpu_milli",
     "gpu_memory_mib",
@@ -114,7 +130,6 @@ QUEUED_FIELDS = (
     "gpus_per_node",
     "gpu_model__name",
     "min_gpu_memory_gb",
-    "precisions",
     "cpu_milli",
     "memory_mib",
     "priority",
@@ -124,52 +139,82 @@ QUEUED_FIELDS = (
     "elastic_min",
     "elastic_max",
     "pool__name",
-    "pending_reason",
-    "pending_message",
-    "queue_position",
-    "estimated_start_at",
 )
 
 
-def _request(row: dict[str, Any], preempted_by: frozenset[int]) -> JobRequest:
-    model = row["gpu_model__name"]
+def _request(
+    row: tuple[Any, ...], precisions: frozenset[str], preempted_by: frozenset[int]
+) -> JobRequest:
+    """A JobRequest from a row of QUEUED_FIELDS followed by the submission time (epoch s)."""
+    (
+        pk,
+        project,
+        gpus,
+        gpu_milli,
+        gpu_memory_mib,
+        nodes,
+        gpus_per_node,
+        model,
+        min_gpu_memory_gb,
+        cpu_milli,
+        memory_mib,
+        priority,
+        preemptible,
+        borrowed,
+        runtime_estimate_s,
+        elastic_min,
+        elastic_max,
+        pool,
+        submitted_at,
+    ) = row[:19]
     return JobRequest(
-        job_id=row["pk"],
-        project=row["project__slug"],
-        submitted_at=ts(row["queued_at"] or row["created_at"]),
-        gpus=row["gpus"],
-        gpu_milli=row["gpu_milli"],
-        gpu_memory_mib=row["gpu_memory_mib"],
-        nodes=row["nodes"],
-        gpus_per_node=row["gpus_per_node"],
+        job_id=pk,
+        project=project,
+        submitted_at=submitted_at,
+        gpus=gpus,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_memory_mib,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
         models=frozenset({model}) if model else frozenset(),
-        min_gpu_memory_mib=row["min_gpu_memory_gb"] * 1000 * 1000 * 1000 // (1024 * 1024),
-        precisions=frozenset(row["precisions"]),
-        cpu_milli=row["cpu_milli"],
-        memory_mib=row["memory_mib"],
-        priority=row["priority"],
-        preemptible=row["preemptible"] or row["borrowed"],
-        runtime_estimate_s=row["runtime_estimate_s"],
-        elastic_min=row["elastic_min"],
-        elastic_max=row["elastic_max"],
-        pool=row["pool__name"],
+        min_gpu_memory_mib=min_gpu_memory_gb * 1000 * 1000 * 1000 // (1024 * 1024),
+        precisions=precisions,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        priority=priority,
+        preemptible=preemptible or borrowed,
+        runtime_estimate_s=runtime_estimate_s,
+        elastic_min=elastic_min,
+        elastic_max=elastic_max,
+        pool=pool,
         preempted_by=preempted_by,
     )
 
 
-def _decayed_usage(project_ids: set[int], now: datetime) -> dict[int, float]:
-    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours."""
+def _decayed_usage(
+    project_ids: set[int], now: datetime, active: list[tuple[int, int, float]]
+) -> dict[int, float]:
+    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours.
+
+    `active` holds the active allocations as (project id, share, start in epoch seconds),
+    already read by the snapshot; only the allocations that ended within the week are read here.
+    """
     usage: dict[int, float] = defaultdict(float)
     since = now - timedelta(days=7)
-    rows = (
-        Allocation.objects.filter(job__project_id__in=project_ids)
-        .exclude(ended_at__lt=since)
-        .values_list("job__project_id", "share_milli", "started_at", "ended_at")
+    now_s, since_s = ts(now), ts(since)
+    rows: list[tuple[int, int, float, float]] = [
+        (project_id, share, started, now_s)
+        for project_id, share, started in active
+        if project_id in project_ids
+    ]
+    rows += Allocation.objects.filter(
+        job__project_id__in=project_ids, ended_at__gte=since
+    ).values_list(
+        "job__project_id", "share_milli", EpochSeconds("started_at"), EpochSeconds("ended_at")
     )
-    for project_id, share, started, ended in rows:
-        end = ended or now
-        hours = max(0.0, (end - max(started, since)).total_seconds()) / 3600 * share / 1000
-        age_h = (now - end).total_seconds() / 3600
+    for project_id, share, started, end in rows:
+        hours = max(0.0, end - max(started, since_s)) / 3600 * share / 1000
+        age_h = (now_s - end) / 3600
         usage[project_id] += hours * math.pow(0.5, age_h / FAIR_SHARE_HALF_LIFE_H)
     return usage
 
@@ -179,36 +224,39 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
 
     Plain `values()` rows, not model instances: the cycle reads tens of thousands of rows.
     """
+    # Active allocations with their job's columns in one read (consistent, no id list).
     active = list(
         Allocation.objects.filter(ended_at__isnull=True).values_list(
-            "job_id", "node_id", "gpu_id", "share_milli", "memory_mib", "started_at"
+            "job_id",
+            "node_id",
+            "gpu_id",
+            "share_milli",
+            "memory_mib",
+            EpochSeconds("started_at"),
+            "job__project_id",
+            "job__project__slug",
+            "job__priority",
+            "job__preemptible",
+            "job__borrowed",
+            "job__state",
+            "job__min_runtime_s",
+            "job__runtime_estimate_s",
+            "job__elastic_min",
+            "job__elastic_max",
+            "job__cpu_milli",
+            "job__memory_mib",
         )
     )
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
-    by_job: dict[int, list[tuple[int, int, int, int, int, datetime]]] = defaultdict(list)
+    by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    holders: dict[int, dict[str, Any]] = {}
     for row in active:
         used_milli[row[2]] += row[3]
         used_mem[row[2]] += row[4]
         by_job[row[0]].append(row)
-    holders = {
-        r["pk"]: r
-        for r in Job.objects.filter(pk__in=list(by_job)).values(
-            "pk",
-            "project_id",
-            "project__slug",
-            "priority",
-            "preemptible",
-            "borrowed",
-            "state",
-            "min_runtime_s",
-            "runtime_estimate_s",
-            "elastic_min",
-            "elastic_max",
-            "cpu_milli",
-            "memory_mib",
-        )
-    }
+        if row[0] not in holders:
+            holders[row[0]] = dict(zip(HOLDER_FIELDS, row[6:], strict=True))
     node_cpu: dict[int, int] = defaultdict(int)
     node_mem: dict[int, int] = defaultdict(int)
     running: list[RunningWork] = []
@@ -229,7 +277,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
                 priority=job["priority"],
                 preemptible=(job["preemptible"] or job["borrowed"])
                 and job["state"] != JobState.PREEMPTING,
-                started_at=ts(min(a[5] for a in allocs)),
+                started_at=min(a[5] for a in allocs),
                 min_runtime_s=job["min_runtime_s"],
                 runtime_estimate_s=job["runtime_estimate_s"],
                 shares=tuple(
@@ -301,10 +349,21 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         for pk, name, pool, cpu, mem, labels, state, fenced, heartbeat in nodes
     ]
 
+    # Plain tuples: QUEUED_FIELDS, submission time, then what only this function reads.
     queued = list(
         Job.objects.filter(state=JobState.QUEUED)
         .order_by("queued_at", "pk")
-        .values(*QUEUED_FIELDS, "project_id")
+        .values_list(
+            *QUEUED_FIELDS,
+            EpochSeconds(Coalesce("queued_at", "created_at")),
+            # as text: decoded once per distinct value, most jobs ask for none
+            Cast("precisions", output_field=TextField()),
+            "project_id",
+            "pending_reason",
+            "pending_message",
+            "queue_position",
+            "estimated_start_at",
+        )
     )
     recent = now - timedelta(seconds=PREEMPTION_MEMORY_S)
     preempted_by: dict[int, set[int]] = defaultdict(set)
@@ -313,17 +372,20 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     ).values_list("job_id", "data"):
         if isinstance(data, dict) and data.get("for_job"):
             preempted_by[job_id].add(int(data["for_job"]))
-    queue = [_request(r, frozenset(preempted_by[r["pk"]])) for r in queued]
-    pending_now = {
-        r["pk"]: (
-            r["pending_reason"],
-            r["pending_message"],
-            r["queue_position"],
-            r["estimated_start_at"],
+    decoded: dict[str, frozenset[str]] = {}
+    none: frozenset[int] = frozenset()
+    queue = []
+    pending_now = {}
+    for r in queued:
+        text = r[19]
+        if text not in decoded:
+            decoded[text] = frozenset(json.loads(text))
+        pk = r[0]
+        queue.append(
+            _request(r, decoded[text], frozenset(preempted_by[pk]) if pk in preempted_by else none)
         )
-        for r in queued
-    }
-    project_ids |= {r["project_id"] for r in queued}
+        project_ids.add(r[20])
+        pending_now[pk] = (r[21], r[22], r[23], r[24])
     for extra in extra_jobs or []:
         queue.append(job_request(extra))
         if extra.project_id:
@@ -336,7 +398,7 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     )
     over_budget = hooks.projects_over_budget(project_ids)
     reserved = hooks.reserved_gpus_by_project(now)
-    usage = _decayed_usage(project_ids, now)
+    usage = _decayed_usage(project_ids, now, [(a[6], a[3], a[5]) for a in active])
     project_quotas = {
         q.project.slug: ProjectQuota(
             max_gpus=q.max_gpus,
@@ -373,6 +435,16 @@ def policy_config() -> PolicyConfig:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _LockedGpu:
+    node_id: int
+    node_name: str
+    usable: bool  # healthy, on a ready node that is not fenced
+    model_id: int
+    capacity_milli: int
+    memory_mib: int
+
+
 @dataclass
 class CycleResult:
     placed: list[int] = field(default_factory=list)
@@ -397,18 +469,57 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     return result
 
 
+ALLOCATION_FIELDS = (
+    "job",
+    "gpu",
+    "node",
+    "attempt",
+    "share_milli",
+    "memory_mib",
+    "gpu_model",
+    "borrowed",
+    "started_at",
+    "ended_at",
+    "end_reason",
+)
+
+
 @transaction.atomic
 def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleResult:
+    """Write the plan's placements and preemptions; drop a placement that no longer fits.
+
+    Plain rows throughout (a big cycle places hundreds of jobs on thousands of GPUs): the
+    allocations and the JobEvents go in as one multi-row INSERT each, the jobs in one UPDATE.
+    """
     result = CycleResult()
     touched = sorted({s.gpu_id for p in decided.placements for s in p.shares})
     # Lock the GPU rows in a fixed order, then read what is allocated on them now.
-    locked = {
-        g.pk: g
-        for g in Gpu.objects.select_for_update(of=("self",))
+    locked: dict[int, _LockedGpu] = {}
+    for pk, node_id, name, node_state, fenced, model_id, health, sharing, factor, memory in (
+        Gpu.objects.select_for_update(of=("self",))
         .filter(pk__in=touched)
-        .select_related("node", "model")
         .order_by("pk")
-    }
+        .values_list(
+            "pk",
+            "node_id",
+            "node__name",
+            "node__state",
+            "node__fenced",
+            "model_id",
+            "health",
+            "sharing_mode",
+            "oversubscription",
+            "memory_mib",
+        )
+    ):
+        locked[pk] = _LockedGpu(
+            node_id=node_id,
+            node_name=name,
+            usable=health != Gpu.Health.UNHEALTHY and node_state == Node.State.READY and not fenced,
+            model_id=model_id,
+            capacity_milli=1000 if sharing == Gpu.SharingMode.EXCLUSIVE else 1000 * factor,
+            memory_mib=memory,
+        )
     used: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
     for gpu_id, share, mem in Allocation.objects.filter(
@@ -416,65 +527,76 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
     ).values_list("gpu_id", "share_milli", "memory_mib"):
         used[gpu_id] += share
         used_mem[gpu_id] += mem
+    # The cycle's `now` was read before its snapshot: a job that ended after that instant (and
+    # so freed its GPU for this plan) must not overlap the allocation that follows it.
+    ended_since = Allocation.objects.filter(gpu_id__in=touched, ended_at__gt=now).aggregate(
+        last=Max("ended_at")
+    )["last"]
+    now = max(now, ended_since or now)
 
     placing = {
-        j.pk: j
-        for j in Job.objects.select_for_update(of=("self",))
+        pk: (attempt, borrowed, job_state)
+        for pk, attempt, borrowed, job_state in Job.objects.select_for_update(of=("self",))
         .filter(pk__in=[p.job_id for p in decided.placements], state=JobState.QUEUED)
         .order_by("pk")
+        .values_list("pk", "attempt", "borrowed", "state")
     }
-    new_allocations: list[Allocation] = []
-    scheduled: list[Job] = []
+    new_allocations: list[tuple[Any, ...]] = []
+    scheduled: list[tuple[Any, ...]] = []
     reasons: dict[int, str] = {}
     event_data: dict[int, dict[str, object]] = {}
     for placement in decided.placements:
-        job = placing.get(placement.job_id)
-        if job is None:
-            result.dropped.append(placement.job_id)
+        job_id = placement.job_id
+        row = placing.get(job_id)
+        if row is None:
+            result.dropped.append(job_id)
             continue
-        fits = all(
-            s.gpu_id in locked
-            and locked[s.gpu_id].health != Gpu.Health.UNHEALTHY
-            and locked[s.gpu_id].node.state == Node.State.READY
-            and not locked[s.gpu_id].node.fenced
-            and used[s.gpu_id] + s.milli <= locked[s.gpu_id].capacity_milli
-            and used_mem[s.gpu_id] + s.memory_mib <= locked[s.gpu_id].memory_mib
-            for s in placement.shares
-        )
-        if not fits:
-            result.dropped.append(job.pk)
-            continue
-        job.attempt += 1
-        job.borrowed = job.borrowed or placement.borrowed
+        fits = True
         for s in placement.shares:
+            gpu = locked.get(s.gpu_id)
+            if (
+                gpu is None
+                or not gpu.usable
+                or used[s.gpu_id] + s.milli > gpu.capacity_milli
+                or used_mem[s.gpu_id] + s.memory_mib > gpu.memory_mib
+            ):
+                fits = False
+                break
+        if not fits:
+            result.dropped.append(job_id)
+            continue
+        attempt = row[0] + 1
+        borrowed = row[1] or placement.borrowed
+        for s in placement.shares:
+            gpu = locked[s.gpu_id]
             used[s.gpu_id] += s.milli
             used_mem[s.gpu_id] += s.memory_mib
             new_allocations.append(
-                Allocation(
-                    job=job,
-                    gpu_id=s.gpu_id,
-                    node_id=locked[s.gpu_id].node_id,
-                    attempt=job.attempt,
-                    share_milli=s.milli,
-                    memory_mib=s.memory_mib,
-                    gpu_model_id=locked[s.gpu_id].model_id,
-                    borrowed=job.borrowed,
-                    started_at=now,
+                (
+                    job_id,
+                    s.gpu_id,
+                    gpu.node_id,
+                    attempt,
+                    s.milli,
+                    s.memory_mib,
+                    gpu.model_id,
+                    borrowed,
+                    now,
+                    None,
+                    "",
                 )
             )
-        job.pending_reason = job.pending_message = ""
-        job.queue_position = None
-        job.estimated_start_at = None
-        nodes = sorted({locked[s.gpu_id].node.name for s in placement.shares})
-        reasons[job.pk] = f"Placed on {', '.join(nodes)}" + (
+        # a placed job no longer waits: clear its reason, position and estimate
+        scheduled.append((job_id, row[2], attempt, borrowed, "", "", None, None))
+        nodes = sorted({locked[s.gpu_id].node_name for s in placement.shares})
+        reasons[job_id] = f"Placed on {', '.join(nodes)}" + (
             " (borrowed, preemptible)" if placement.borrowed else ""
         )
-        event_data[job.pk] = {"gpus": [s.gpu_id for s in placement.shares], "attempt": job.attempt}
-        scheduled.append(job)
-        result.placed.append(job.pk)
-    Allocation.objects.bulk_create(new_allocations)
+        event_data[job_id] = {"gpus": [s.gpu_id for s in placement.shares], "attempt": attempt}
+        result.placed.append(job_id)
+    insert_rows(Allocation, ALLOCATION_FIELDS, new_allocations)
     jobs_transition_bulk(
-        jobs=scheduled,
+        rows=scheduled,
         to=JobState.SCHEDULED,
         reasons=reasons,
         actor_label="scheduler",
@@ -529,18 +651,13 @@ def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
             changed[job_id] = new
     if not changed:
         return 0
-    with transaction.atomic():
-        free = (
-            Job.objects.select_for_update(skip_locked=True)
-            .filter(pk__in=list(changed), state=JobState.QUEUED)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-        return bulk_update_rows(
-            Job,
-            ["pending_reason", "pending_message", "queue_position", "estimated_start_at"],
-            [(pk, *changed[pk]) for pk in free],
-        )
+    # One statement: lock what is free and still queued (skipping rows held elsewhere), update it.
+    return bulk_update_rows(
+        Job,
+        ["pending_reason", "pending_message", "queue_position", "estimated_start_at"],
+        [(pk, *new) for pk, new in changed.items()],
+        skip_locked_where={"state": JobState.QUEUED},
+    )
 
 
 @transaction.atomic

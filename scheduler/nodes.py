@@ -414,13 +414,18 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
             moving[job_id] = job
             data.setdefault(job_id, {"pid": r.get("pid"), "attempt": attempt})
         results.append(result)
+    now = timezone.now()
     jobs_transition_bulk(
-        jobs=list(moving.values()),
+        rows=[(j.pk, j.state, j.started_at or now) for j in moving.values()],
         to=JobState.RUNNING,
         reasons={pk: f"Started on {node.name}" for pk in moving},
         actor_label=f"agent:{node.name}",
         data=data,
+        update_fields=("started_at",),  # the first start's time; a restart keeps it
+        now=now,
     )
+    for job in moving.values():
+        job.state = JobState.RUNNING
     for result in results:
         if "conflict" not in result:
             result["state"] = jobs[result["job_id"]].state

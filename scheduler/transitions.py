@@ -5,12 +5,14 @@ Every transition writes a JobEvent (who, when, why) in the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from portal.db import bulk_update_fast
+from portal.db import bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import hooks
@@ -121,60 +123,79 @@ def job_transition(
 
 def jobs_transition_bulk(
     *,
-    jobs: list[Job],
+    rows: Sequence[tuple[Any, ...]],
     to: str,
-    reasons: dict[int, str],
+    reasons: Mapping[int, str],
     actor_label: str,
-    data: dict[int, dict[str, Any]] | None = None,
-    update_fields: tuple[str, ...] = (),
-) -> None:
+    data: Mapping[int, dict[str, Any]] | None = None,
+    update_fields: Sequence[str] = (),
+    now: datetime | None = None,
+) -> int:
     """`job_transition` for many jobs at once (the scheduling cycle's placements).
 
-    The caller has locked the rows and loaded their current state; every move is checked
-    against the same table, and every job gets its JobEvent.
+    `rows` are `(pk, current state, *values of update_fields)` for rows the caller has locked;
+    every move is checked against the same table and every job gets its JobEvent. Plain rows
+    and two statements, whatever the count: no model instances.
     """
-    if not jobs:
-        return
-    now = timezone.now()
-    fields = {"state", "updated_at", *update_fields}
+    if not rows:
+        return 0
+    now = now or timezone.now()
+    fields = ["state", "updated_at", *update_fields]
+    extra: tuple[Any, ...] = ()
+    if to == S.QUEUED:
+        fields.append("queued_at")
+        extra = (now,)
+    updates = []
     events = []
-    placed = [j.pk for j in jobs if j.state not in HOLDS_GPUS and to in HOLDS_GPUS]
+    placed = []  # jobs that now hold GPUs: their nodes' allocations changed
     moved_on_nodes = []  # jobs whose move changes what their nodes run or stop
-    for job in jobs:
-        if not can_transition(job.state, to):
+    for pk, current, *values in rows:
+        if not can_transition(current, to):
             raise Conflict(
-                f"Job {job.pk} is {job.state}; it cannot become {to}.", code="invalid_transition"
+                f"Job {pk} is {current}; it cannot become {to}.", code="invalid_transition"
             )
-        if job.state in HOLDS_GPUS and to not in HOLDS_GPUS:
+        if current in HOLDS_GPUS and to not in HOLDS_GPUS:
             raise Conflict("Bulk transitions do not release GPUs; use job_transition.")
+        updates.append((pk, to, now, *values, *extra))
         events.append(
-            JobEvent(
-                job=job,
-                from_state=job.state,
-                to_state=to,
-                actor_label=actor_label,
-                reason=reasons.get(job.pk, "")[:500],
-                data=(data or {}).get(job.pk, {}),
+            (
+                pk,
+                now,
+                current,
+                to,
+                None,
+                actor_label,
+                reasons.get(pk, "")[:500],
+                (data or {}).get(pk, {}),
             )
         )
-        if changes_assignments(job.state, to):
-            moved_on_nodes.append(job.pk)
-        job.state = to
-        job.updated_at = now
-        if to == S.QUEUED:
-            job.queued_at = now
-            fields.add("queued_at")
-        if to == S.RUNNING and job.started_at is None:
-            job.started_at = now
-            fields.add("started_at")
-    if moved_on_nodes:
-        assignments_changed(
-            Allocation.objects.filter(job_id__in=moved_on_nodes, ended_at__isnull=True)
-            .values_list("node_id", flat=True)
-            .distinct()
+        if changes_assignments(current, to):
+            moved_on_nodes.append(pk)
+        if current not in HOLDS_GPUS and to in HOLDS_GPUS:
+            placed.append(pk)
+    updated = bulk_update_rows(Job, fields, updates)
+    insert_rows(JobEvent, JOB_EVENT_FIELDS, events)
+    if moved_on_nodes or (placed and hooks.allocation_listeners()):
+        # the caller created the placed jobs' allocations before this call
+        pairs = list(
+            Allocation.objects.filter(
+                job_id__in={*moved_on_nodes, *placed}, ended_at__isnull=True
+            ).values_list("job_id", "node_id")
         )
-    bulk_update_fast(Job, jobs, sorted(fields))
-    JobEvent.objects.bulk_create(events)
-    if placed and hooks.allocation_listeners():  # the caller created their allocations
-        started = Allocation.objects.filter(job__in=placed, ended_at__isnull=True)
-        hooks.allocations_changed(node_ids=set(started.values_list("node_id", flat=True)))
+        moved, started = set(moved_on_nodes), set(placed)
+        assignments_changed({node for job, node in pairs if job in moved})
+        if started:
+            hooks.allocations_changed(node_ids={node for job, node in pairs if job in started})
+    return updated
+
+
+JOB_EVENT_FIELDS = (
+    "job",
+    "created_at",
+    "from_state",
+    "to_state",
+    "actor",
+    "actor_label",
+    "reason",
+    "data",
+)

@@ -12,9 +12,11 @@ start. The same inputs and seed give the same plan.
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from types import MappingProxyType
 
 import numpy as np
@@ -186,6 +188,14 @@ class _Usage:
     model: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
 
+_Event = tuple[float, int, RunningWork | list[_Take]]
+_BY_TIME = itemgetter(0, 1)  # release events order by (time, job id)
+
+
+def _end_or_inf(end: float | None, now: float) -> float:
+    return max(now, end) if end is not None else math.inf
+
+
 def _split(total: int, part: int, whole: int) -> int:
     return -(-total * part // whole) if whole > 0 else total
 
@@ -254,9 +264,10 @@ class _Planner:
         self.running = [w for w in running if any(self.st.loc_of_gpu(s.gpu_id) for s in w.shares)]
         self.gone: set[int] = set()  # running jobs chosen as victims
         self.elastic_running = [w for w in self.running if w.elastic_min is not None]
-        # preemption order: borrowed work first, then lowest priority, least GPU-time lost
+        # preemption order: borrowed work first, then lowest priority, least GPU-time lost;
+        # work that is neither preemptible nor borrowed is never a victim, so it is left out
         self.victim_order = sorted(
-            self.running,
+            (w for w in self.running if w.preemptible or w.borrowed),
             key=lambda w: (
                 0 if w.borrowed else 1,
                 w.priority,
@@ -266,7 +277,19 @@ class _Planner:
         )
         self.shrunk: dict[int, list[Share]] = {}
         self.placements: list[Placement] = []
-        self.placed_ends: list[tuple[float | None, int, list[_Take]]] = []
+        # Expected releases in time order, kept sorted as work is placed; see `release_events`.
+        self.timeline: list[_Event] = sorted(
+            ((_end_or_inf(w.expected_end(), now), w.job_id, w) for w in self.running),
+            key=_BY_TIME,
+        )
+        # Per-cycle caches keyed by `epoch` (bumped whenever placed work changes usage or the
+        # free GPUs), so a cached answer is never read after the state it came from changed.
+        self.quota_cache: dict[tuple[object, ...], tuple[BoolArray, str, int]] = {}
+        self.protected_cache: dict[tuple[object, ...], BoolArray] = {}
+        self.any_reserved = any(q.reserved for q in snap.quotas.values())
+        self.all_models = np.ones(len(self.st.models), dtype=bool)
+        self.all_models.flags.writeable = False
+        self.free_cache: dict[tuple[object, ...], int] = {}
         self.preemptions: list[Preemption] = []
         self.preempt_attempts = 0
         self.resizes: list[Resize] = []
@@ -379,23 +402,23 @@ class _Planner:
         # fewest nodes first: most free GPUs, then the fixed node order
         order = np.lexsort((rank, -cnt))
         for model in np.flatnonzero(model_ok).tolist():  # a gang stays on one GPU model
+            of_model = usable & (st.gpu_model == model)
+            cnt_model = np.where(cnt > 0, of_model.sum(axis=1), 0)
+            if int(cnt_model.sum()) < total:
+                continue
             takes: list[_Take] = []
             left = total
-            for row in order.tolist():
-                if left == 0 or cnt[row] == 0:
-                    break
-                cols_all = np.flatnonzero(usable[row] & (st.gpu_model[row] == model))
-                k = min(left, int(cols_all.shape[0]))
-                if k == 0:
-                    continue
+            for row in order[cnt_model[order] > 0].tolist():
+                k = min(left, int(cnt_model[row]))
                 cpu = _split(job.cpu_milli, k, total)
                 mem = _split(job.memory_mib, k, total)
                 if st.cpu_free[row] < cpu or st.mem_free[row] < mem:
                     continue
-                takes.append(_Take(row, [int(c) for c in cols_all[:k]], MILLI, 0, cpu, mem))
+                cols = np.flatnonzero(of_model[row])[:k].tolist()
+                takes.append(_Take(row, cols, MILLI, 0, cpu, mem))
                 left -= k
-            if left == 0:
-                return takes
+                if left == 0:
+                    return takes
         return None
 
     # ------------------------------------------------------------------ applying
@@ -445,6 +468,23 @@ class _Planner:
         q = self.snap.quotas.get(job.project)
         if q is None:
             return model_ok, "", job.total_gpus
+        key = (
+            self.epoch,
+            job.project,
+            job.total_gpus,
+            job.gpu_milli,
+            job.elastic_min,
+            job.nodes,
+            model_ok.tobytes(),
+        )
+        hit = self.quota_cache.get(key)
+        if hit is None:
+            hit = self.quota_cache[key] = self._quota_models(job, q, model_ok)
+        return hit
+
+    def _quota_models(
+        self, job: JobRequest, q: ProjectQuota, model_ok: BoolArray
+    ) -> tuple[BoolArray, str, int]:
         sizes = [job.total_gpus]
         if job.elastic_min is not None and not job.is_fraction and job.nodes is None:
             sizes = list(range(job.total_gpus, max(job.elastic_min, 1) - 1, -1))
@@ -471,6 +511,15 @@ class _Planner:
     def protected_models(self, job: JobRequest, need_gpus: int) -> BoolArray:
         """Models whose idle GPUs, after this job, would still cover other projects' unused
         reservations (only those may be used without borrowing)."""
+        if not self.any_reserved:
+            return self.all_models
+        key = (self.epoch, job.project, need_gpus)
+        hit = self.protected_cache.get(key)
+        if hit is None:
+            hit = self.protected_cache[key] = self._protected_models(job, need_gpus)
+        return hit
+
+    def _protected_models(self, job: JobRequest, need_gpus: int) -> BoolArray:
         st = self.st
         prot: dict[str, float] = defaultdict(float)
         for proj, q in self.snap.quotas.items():
@@ -733,21 +782,16 @@ class _Planner:
         self.placements.append(Placement(job.job_id, shares, borrowed, nodes, gpus))
         self.epoch += 1
         end = None if job.runtime_estimate_s is None else self.now + job.runtime_estimate_s
-        self.placed_ends.append((end, job.job_id, takes))
+        insort(self.timeline, (_end_or_inf(end, self.now), job.job_id, takes), key=_BY_TIME)
 
     # ------------------------------------------------------------------ estimates
-    def release_events(self) -> list[tuple[float, int, RunningWork | list[_Take]]]:
-        """Expected releases: (time, job id, what), unknown ends last (at +inf)."""
-        ev: list[tuple[float, int, RunningWork | list[_Take]]] = []
-        for w in self.running:
-            if w.job_id in self.gone:
-                continue
-            end = w.expected_end()
-            ev.append((max(self.now, end) if end is not None else math.inf, w.job_id, w))
-        for end, jid, takes in self.placed_ends:
-            ev.append((end if end is not None else math.inf, jid, takes))
-        ev.sort(key=lambda e: (e[0], e[1]))
-        return ev
+    def release_events(self) -> list[_Event]:
+        """Expected releases: (time, job id, what), unknown ends last (at +inf).
+
+        Running work (less the victims) and what this cycle placed, in (time, job id) order:
+        sorted once, then kept in order as placements and preemptions happen.
+        """
+        return self.timeline
 
     def _release_event(self, st: ClusterState, what: RunningWork | list[_Take]) -> None:
         if isinstance(what, list):
@@ -837,8 +881,12 @@ class _Planner:
         detail = ""
         gang = job.nodes is not None or (job.total_gpus > 1 and self.cfg.spread_gangs)
         if gang and not job.is_fraction:
-            d = self.demand(job, 1, model_ok, 0, 0)
-            free = int((self.st.usable_gpus(d) & node_ok[:, None]).sum())
+            key = (self.epoch, len(self.gone), model_ok.tobytes(), node_ok.tobytes())
+            free = self.free_cache.get(key)
+            if free is None:
+                d = self.demand(job, 1, model_ok, 0, 0)
+                free = int((self.st.usable_gpus(d) & node_ok[:, None]).sum())
+                self.free_cache[key] = free
             if free >= job.total_gpus:
                 reason = PendingReason.WAITING_FOR_GANG
                 detail = f"{free} matching GPUs are free, but not in the required layout"
@@ -960,6 +1008,8 @@ class _Planner:
                     self.release(trial, v, self.shrunk.get(v.job_id, v.shares))
             if self.find(trial, job, node_ok, model_ok, None, self.first_fit) is not None:
                 chosen.remove(w)
+        gone = {v.job_id for v in chosen}
+        self.timeline = [e for e in self.timeline if e[1] not in gone]
         for v in chosen:
             self.gone.add(v.job_id)
             why = (

@@ -420,15 +420,34 @@ def unique_rows(st: ClusterState, rows: IntArray) -> tuple[IntArray, IntArray]:
     and for each input row the index of its representative (the first such row)."""
     if rows.shape[0] < 64 or st.width > _HASH.shape[1]:
         return rows, np.arange(rows.shape[0], dtype=np.int64)
-    g = st.width
-    with np.errstate(over="ignore"):
-        key = st.cpu_free[rows] * _HASH[0, 0] + st.mem_free[rows] * _HASH[0, 1]
-        key = key + (st.gpu_left[rows] * _HASH[1, :g]).sum(axis=1)
-        key = key + (st.gpu_mem_left[rows] * _HASH[2, :g]).sum(axis=1)
-        key = key + (st.gpu_model[rows] * _HASH[3, :g]).sum(axis=1)
-        key = key + (st.gpu_share_ok[rows] * _HASH[4, :g]).sum(axis=1)
-    _u, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    _u, first, inverse = np.unique(_row_hashes(st)[rows], return_index=True, return_inverse=True)
     return rows[first], inverse.astype(np.int64).reshape(-1)
+
+
+def _row_hashes(st: ClusterState) -> IntArray:
+    """Every row's state hash, cached on the state and recomputed only for rows whose
+    version changed since."""
+    cached = st.cache.get("row_hash")
+    if cached is None:
+        vers = st.version - 1
+        keys = np.zeros(st.n_nodes, dtype=np.int64)
+    else:
+        vers, keys = cached  # type: ignore[misc]
+    stale = np.flatnonzero(vers != st.version)
+    if stale.shape[0]:
+        g = st.width
+        with np.errstate(over="ignore"):
+            key = st.cpu_free[stale] * _HASH[0, 0] + st.mem_free[stale] * _HASH[0, 1]
+            key = key + (st.gpu_left[stale] * _HASH[1, :g]).sum(axis=1)
+            key = key + (st.gpu_mem_left[stale] * _HASH[2, :g]).sum(axis=1)
+            key = key + (st.gpu_model[stale] * _HASH[3, :g]).sum(axis=1)
+            key = key + (st.gpu_share_ok[stale] * _HASH[4, :g]).sum(axis=1)
+        keys = keys.copy()
+        keys[stale] = key
+        vers = st.version.copy()
+        st.cache["row_hash"] = (vers, keys)
+    out: IntArray = keys
+    return out
 
 
 def _sigmoid_score(delta: FloatArray) -> FloatArray:

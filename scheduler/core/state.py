@@ -83,6 +83,8 @@ class ClusterState:
     _col_of_gpu: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     _affinity_shared: bool = False
+    # Rows whose Counter this state owns once it stopped sharing its list (None: all rows).
+    _affinity_owned: set[int] | None = None
 
     def __post_init__(self) -> None:
         if self.version.shape[0] != self.n_nodes:
@@ -139,25 +141,47 @@ class ClusterState:
         midx = {m: i for i, m in enumerate(models)}
         st = cls.empty(n, g)
         st.models = models
+        # one Python pass collecting flat columns, then whole-array assignments
+        rows: list[int] = []
+        cols: list[int] = []
+        per_gpu: list[tuple[int, int, int, int, bool, int, int, int, bool]] = []
         for r, nd in enumerate(snap.nodes):
-            st.node_ids[r] = nd.node_id
             st.names[r] = nd.name
             st.pools[r] = nd.pool
             st.labels[r] = nd.labels
-            st.schedulable[r] = nd.schedulable
-            st.cpu_free[r] = nd.cpu_milli_free
-            st.mem_free[r] = nd.memory_mib_free
             for c, gv in enumerate(sorted(nd.gpus, key=lambda x: x.index)):
-                st.gpu_ids[r, c] = gv.gpu_id
-                st.gpu_index[r, c] = gv.index
-                st.gpu_model[r, c] = midx[gv.model]
-                st.gpu_mem[r, c] = gv.memory_mib
-                if gv.healthy:
-                    st.gpu_valid[r, c] = True
-                    st.gpu_cap[r, c] = gv.capacity_milli
-                    st.gpu_left[r, c] = gv.free_milli
-                    st.gpu_mem_left[r, c] = gv.free_memory_mib
-                    st.gpu_share_ok[r, c] = gv.sharing in FRACTIONAL_SHARING
+                rows.append(r)
+                cols.append(c)
+                healthy = gv.healthy
+                per_gpu.append(
+                    (
+                        gv.gpu_id,
+                        gv.index,
+                        midx[gv.model],
+                        gv.memory_mib,
+                        healthy,
+                        gv.capacity_milli if healthy else 0,
+                        gv.free_milli if healthy else 0,
+                        gv.free_memory_mib if healthy else 0,
+                        healthy and gv.sharing in FRACTIONAL_SHARING,
+                    )
+                )
+        st.node_ids[:] = [nd.node_id for nd in snap.nodes]
+        st.schedulable[:] = [nd.schedulable for nd in snap.nodes]
+        st.cpu_free[:] = [nd.cpu_milli_free for nd in snap.nodes]
+        st.mem_free[:] = [nd.memory_mib_free for nd in snap.nodes]
+        if per_gpu:
+            at = (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))
+            ids, index, model, mem, valid, cap, left, mem_left, share = zip(*per_gpu, strict=True)
+            st.gpu_ids[at] = ids
+            st.gpu_index[at] = index
+            st.gpu_model[at] = model
+            st.gpu_mem[at] = mem
+            st.gpu_valid[at] = valid
+            st.gpu_cap[at] = cap
+            st.gpu_left[at] = left
+            st.gpu_mem_left[at] = mem_left
+            st.gpu_share_ok[at] = share
         st.reindex()
         by_row: dict[int, list[tuple[int, int]]] = {}
         for w in snap.running:
@@ -203,10 +227,15 @@ class ClusterState:
         st.tie_rank = self.tie_rank
         return st
 
-    def _own_affinity(self) -> None:
+    def _own_affinity(self, row: int) -> None:
+        """Copy on write, per row: a copy shares the Counters until one of them changes."""
         if self._affinity_shared:
-            self.affinity = [Counter(a) for a in self.affinity]
+            self.affinity = list(self.affinity)
             self._affinity_shared = False
+            self._affinity_owned = set()
+        if self._affinity_owned is not None and row not in self._affinity_owned:
+            self.affinity[row] = Counter(self.affinity[row])
+            self._affinity_owned.add(row)
 
     # ---------------------------------------------------------------- lookups
     def row_of(self, node_id: int) -> int:
@@ -295,7 +324,7 @@ class ClusterState:
             self.gpu_mem_left[row, c] -= gm
         self.cpu_free[row] -= cpu
         self.mem_free[row] -= mem
-        self._own_affinity()
+        self._own_affinity(row)
         self.affinity[row][affinity_tag(len(cols), milli)] += 1
         self.version[row] += 1
 
@@ -320,7 +349,7 @@ class ClusterState:
         self.version[row] += 1
 
     def drop_affinity(self, row: int, tag: str) -> None:
-        self._own_affinity()
+        self._own_affinity(row)
         a = self.affinity[row]
         if a.get(tag, 0) > 0:
             a[tag] -= 1
