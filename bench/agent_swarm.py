@@ -1,6 +1,6 @@
 """Many real node agents in one process, for load benchmarks that need hundreds of nodes.
 
-    .venv/bin/python -m bench.agent_swarm TOKENS.json --portal URL [--poll 2] [--heartbeat 10]
+    .venv/bin/python -m bench.agent_swarm TOKENS.json --portal URL [--poll 2] [--heartbeat 10] [--ramp 0]
 
 TOKENS.json maps node names to agent tokens. Each node gets the real `agent.main.Agent` in its
 own thread (simulated GPUs, real processes for the work). SIGTERM or SIGINT stops every agent the
@@ -27,6 +27,9 @@ def main() -> None:
     parser.add_argument("--gpus", default="8xH100-80GB-SXM")
     parser.add_argument("--poll", type=float, default=None)
     parser.add_argument("--heartbeat", type=float, default=None)
+    parser.add_argument(
+        "--ramp", type=float, default=0.0, help="start the agents evenly over this many seconds"
+    )
     args = parser.parse_args()
 
     from agent.config import Config
@@ -42,7 +45,10 @@ def main() -> None:
     signal.signal(signal.SIGINT, on_signal)
     workroot = Path(tempfile.mkdtemp(prefix="bench-swarm-"))
     threads = []
+    pause = args.ramp / max(1, len(tokens))
     for name, token in tokens.items():
+        if stop.wait(pause):
+            break
         config = Config(
             portal_url=args.portal,
             token=token,

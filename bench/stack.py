@@ -121,8 +121,10 @@ class Stack:
         processes: int,
         poll_s: float | None = None,
         heartbeat_s: float | None = None,
+        ramp_s: float = 0.0,
     ) -> None:
-        """The agents in `processes` separate processes (`bench.agent_swarm`), not in this one."""
+        """The agents in `processes` separate processes (`bench.agent_swarm`), not in this one,
+        started evenly over `ramp_s` seconds (a fleet does not boot in the same second)."""
         folder = Path(tempfile.mkdtemp(prefix="bench-swarm-tokens-"))
         names = sorted(tokens)
         for k in range(processes):
@@ -134,6 +136,7 @@ class Stack:
                 args += ["--poll", str(poll_s)]
             if heartbeat_s is not None:
                 args += ["--heartbeat", str(heartbeat_s)]
+            args += ["--ramp", str(ramp_s)]
             self.swarms.append(
                 subprocess.Popen(args, cwd=REPO, env=self.env, start_new_session=True)
             )

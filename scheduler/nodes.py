@@ -219,11 +219,18 @@ def node_heartbeat(
         assignments_changed([node.pk])
     node.save(update_fields=fields)
     gpus = {g.uuid: g for g in node.gpus.all()}
+    newest: dict[str, dict[str, Any]] = {}  # a heartbeat carries several instants per GPU
+    for s in telemetry:
+        seen = newest.get(s.get("uuid", ""))
+        if s.get("uuid") in gpus and (seen is None or s.get("age_s", 0) <= seen.get("age_s", 0)):
+            newest[s["uuid"]] = s
     cache.set_many(
         {
-            telemetry_key(gpus[s["uuid"]].pk): {**s, "at": now.isoformat()}
-            for s in telemetry
-            if s.get("uuid") in gpus
+            telemetry_key(gpus[uuid].pk): {
+                **s,
+                "at": (now - timedelta(seconds=float(s.get("age_s") or 0))).isoformat(),
+            }
+            for uuid, s in newest.items()
         },
         timeout=TELEMETRY_TTL_S,
     )

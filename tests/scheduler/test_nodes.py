@@ -242,3 +242,30 @@ def test_job_that_may_not_restart_fails_when_its_node_is_lost(team, fleet, api):
     lost_nodes_sweep()
     job = Job.objects.get(pk=resp.json()["id"])
     assert job.state == JobState.FAILED and "may not restart" in job.failure_reason
+
+
+def test_latest_telemetry_is_the_newest_instant_of_a_batched_heartbeat(running):
+    from scheduler.selectors import latest_telemetry
+
+    gpu = running["gpu"]
+    newest_first = [
+        {"uuid": gpu.uuid, "utilization": 10, "age_s": 0},
+        {"uuid": gpu.uuid, "utilization": 70, "age_s": 2},
+        {"uuid": gpu.uuid, "utilization": 40, "age_s": 1},
+    ]
+    r = running["client"].post(
+        "/api/agent/v1/heartbeat", {"telemetry": newest_first, "running": []}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    latest = latest_telemetry([gpu.pk])[gpu.pk]
+    assert latest["utilization"] == 10
+    r = running["client"].post(
+        "/api/agent/v1/heartbeat",
+        {
+            "telemetry": [{**s, "utilization": s["utilization"] + 1} for s in newest_first[::-1]],
+            "running": [],
+        },
+        format="json",
+    )
+    assert r.status_code == 200, r.content
+    assert latest_telemetry([gpu.pk])[gpu.pk]["utilization"] == 11
