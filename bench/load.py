@@ -148,7 +148,7 @@ def watch_cycles(stop: threading.Event, seen: dict[float, float]) -> None:
 
 def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
     """CPU seconds so far of each named process group, PostgreSQL's and Redis's processes and
-    this process (from /proc; children that already exited are not counted)."""
+    this process (from /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
     by_group = {pgid: name for name, pgid in groups.items()}
     out: dict[str, float] = defaultdict(float)
@@ -161,7 +161,9 @@ def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
             continue
         comm = raw[raw.index("(") + 1 : raw.rindex(")")]
         fields = raw[raw.rindex(")") + 2 :].split()
-        pgid, used = int(fields[2]), (int(fields[11]) + int(fields[12])) / tick
+        # own time plus that of its children already reaped (a PostgreSQL backend that
+        # ended is counted in the postmaster's), so every CPU second is counted once
+        pgid, used = int(fields[2]), sum(int(f) for f in fields[11:15]) / tick
         if int(entry.name) == os.getpid():
             out["load generator (users, submitter)"] += used
         elif pgid in by_group:
