@@ -6,6 +6,7 @@ Everything an agent can do goes through here, scoped to its own node.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,6 +26,8 @@ from scheduler.dispatch import assignments_changed
 from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node, NodeEvent
 from scheduler.selectors import telemetry_key
 from scheduler.transitions import job_transition, jobs_transition_bulk
+
+log = logging.getLogger(__name__)
 
 AGENT_TOKEN_PREFIX = "gpn_"
 TELEMETRY_TTL_S = 120
@@ -579,20 +582,49 @@ def job_log_append(
     return True
 
 
+LOSS_STORM_KEY = "scheduler:loss-storm"
+
+
+def loss_storm() -> dict[str, Any] | None:
+    """What the last loss sweep held off for (most nodes silent at once), or None."""
+    found = cache.get(LOSS_STORM_KEY)
+    return found if isinstance(found, dict) else None
+
+
 def lost_nodes_sweep(*, now: datetime | None = None) -> list[int]:
     """Nodes silent for longer than NODE_LOST_AFTER_SECONDS become lost; their jobs are requeued
     (or failed when they may not restart). Returns the ids of the nodes marked lost."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.NODE_LOST_AFTER_SECONDS)
-    silent = Node.objects.filter(
+    watched = Node.objects.filter(
         state__in=[
             Node.State.READY,
             Node.State.CORDONED,
             Node.State.DRAINING,
             Node.State.UNHEALTHY,
-        ],
-        last_heartbeat_at__lt=cutoff,
-    ).values_list("pk", flat=True)
+        ]
+    )
+    silent = list(watched.filter(last_heartbeat_at__lt=cutoff).values_list("pk", flat=True))
+    total = watched.count() if silent else 0
+    if (
+        len(silent) >= settings.NODE_LOSS_STORM_MIN_NODES
+        and len(silent) > settings.NODE_LOSS_STORM_FRACTION * total
+    ):
+        # Most of the fleet silent at once: far likelier the portal (overloaded, partitioned)
+        # than the nodes. Requeueing everything would make it worse; hold off and say so.
+        log.warning(
+            "loss sweep held off: %d of %d nodes silent for over %ss at once",
+            len(silent),
+            total,
+            settings.NODE_LOST_AFTER_SECONDS,
+        )
+        cache.set(
+            LOSS_STORM_KEY,
+            {"silent": len(silent), "watched": total, "at": now.isoformat()},
+            timeout=int(settings.NODE_LOST_AFTER_SECONDS) * 2,
+        )
+        return []
+    cache.delete(LOSS_STORM_KEY)
     lost = []
     for node_id in silent:
         with transaction.atomic():

@@ -18,7 +18,7 @@ from portal.errors import DomainError
 from portal.htmx import render_partial_or_page
 from portal.models import User
 from scheduler.models import Allocation, Autoscaler, Gpu, Job, JobState, Node, Pool
-from scheduler.nodes import node_set_state
+from scheduler.nodes import loss_storm, node_set_state
 from scheduler.selectors import latest_telemetry
 
 
@@ -68,7 +68,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         request,
         page="ops/node_list.html",
         partial="ops/partials/_node_table.html",
-        context={"rows": rows},
+        context={"rows": rows, "loss_storm": loss_storm()},
     )
 
 

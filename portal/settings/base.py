@@ -214,6 +214,11 @@ SCHEDULER_RESERVED_CAPACITY = ""
 PREEMPTIBLE_DISCOUNT = env.float("PREEMPTIBLE_DISCOUNT", default=0.6)
 NODE_HEARTBEAT_SECONDS = env.float("NODE_HEARTBEAT_SECONDS", default=5.0)
 NODE_LOST_AFTER_SECONDS = env.float("NODE_LOST_AFTER_SECONDS", default=60.0)
+# When more than this fraction of the nodes that should heartbeat (and at least the minimum
+# count) fall silent in the same sweep, the portal suspects itself or the network between, not
+# the nodes: it declares none lost and says so on the nodes page until heartbeats return.
+NODE_LOSS_STORM_FRACTION = env.float("NODE_LOSS_STORM_FRACTION", default=0.5)
+NODE_LOSS_STORM_MIN_NODES = env.int("NODE_LOSS_STORM_MIN_NODES", default=10)
 AGENT_POLL_SECONDS = env.float("AGENT_POLL_SECONDS", default=2.0)
 SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)
 

@@ -269,3 +269,39 @@ def test_latest_telemetry_is_the_newest_instant_of_a_batched_heartbeat(running):
     )
     assert r.status_code == 200, r.content
     assert latest_telemetry([gpu.pk])[gpu.pk]["utilization"] == 11
+
+
+def test_loss_sweep_holds_off_when_most_of_the_fleet_falls_silent_at_once(
+    running, fleet, client, make_user
+):
+    from scheduler.models import GpuModel, Pool
+    from scheduler.nodes import loss_storm
+    from scheduler.services import node_register_simulated
+
+    for i in range(12):
+        node_register_simulated(
+            name=f"x{i}",
+            pool=Pool.objects.get(name="default"),
+            gpu_model=GpuModel.objects.get(name="H100-80GB-SXM"),
+            gpu_count=1,
+            cpu_milli=8000,
+            memory_mib=64_000,
+            state="ready",
+        )
+    long_ago = timezone.now() - timedelta(seconds=600)
+    Node.objects.update(last_heartbeat_at=long_ago)  # 15 nodes silent: the portal's fault?
+    Node.objects.filter(name__in=["x0", "x1"]).update(last_heartbeat_at=timezone.now())
+    assert lost_nodes_sweep() == []
+    assert not Node.objects.filter(state=Node.State.LOST).exists()
+    assert Job.objects.get(pk=running["job"].pk).state == JobState.RUNNING
+    assert loss_storm()["silent"] == 13 and loss_storm()["watched"] == 15
+    client.force_login(make_user(staff=True))
+    html = client.get("/ops/nodes/").content.decode()
+    assert "loss sweep held off" in html and "13 of 15 nodes" in html
+    # heartbeats return except from three nodes: those three really are lost
+    Node.objects.exclude(name__in=["h1", "h2", "l1"]).update(last_heartbeat_at=timezone.now())
+    silent = set(Node.objects.filter(name__in=["h1", "h2", "l1"]).values_list("pk", flat=True))
+    assert set(lost_nodes_sweep()) == silent
+    assert loss_storm() is None
+    assert Job.objects.get(pk=running["job"].pk).state == JobState.QUEUED
+    assert "loss sweep held off" not in client.get("/ops/nodes/").content.decode()
