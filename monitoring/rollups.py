@@ -93,24 +93,14 @@ def aggregate(entries: Iterable[bytes | str]) -> tuple[GpuRows, ClusterRows]:
         acc[3] += util
         if util > acc[4]:
             acc[4] = util
-        if mem_s:
-            v = float(mem_s)
-            acc[5] += v
-            acc[6] += 1
-            if v > acc[7]:
-                acc[7] = v
-        if temp_s:
-            v = float(temp_s)
-            acc[8] += v
-            acc[9] += 1
-            if v > acc[10]:
-                acc[10] = v
-        if power_s:
-            v = float(power_s)
-            acc[11] += v
-            acc[12] += 1
-            if v > acc[13]:
-                acc[13] = v
+        # memory, temperature, power: (sum, count, max) at 5, 8 and 11; a blank is no reading
+        for raw, at in ((mem_s, 5), (temp_s, 8), (power_s, 11)):
+            if raw:
+                v = float(raw)
+                acc[at] += v
+                acc[at + 1] += 1
+                if v > acc[at + 2]:
+                    acc[at + 2] = v
         if first != "1":
             continue  # a shared GPU has one line per holder: count the device once for the fleet
         c = cluster.get(model)
