@@ -27,7 +27,7 @@ import requests
 
 from bench import command_line, markdown_table, write_section
 from bench.django_env import setup, teardown
-from bench.stack import Stack
+from bench.stack import Stack, cpu_seconds, cpu_table
 from bench.submit_throughput import seed
 
 Samples = dict[str, list[float]]
@@ -146,32 +146,12 @@ def watch_cycles(stop: threading.Event, seen: dict[float, float]) -> None:
         stop.wait(0.5)
 
 
-def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each named process group, PostgreSQL's and Redis's processes and
-    this process (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    by_group = {pgid: name for name, pgid in groups.items()}
-    out: dict[str, float] = defaultdict(float)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
-        # own time plus that of its children already reaped (a PostgreSQL backend that
-        # ended is counted in the postmaster's), so every CPU second is counted once
-        pgid, used = int(fields[2]), sum(int(f) for f in fields[11:15]) / tick
-        if int(entry.name) == os.getpid():
-            out["load generator (users, submitter)"] += used
-        elif pgid in by_group:
-            out[by_group[pgid]] += used
-        elif comm.startswith("postgres"):
-            out["PostgreSQL"] += used
-        elif comm.startswith("redis"):
-            out["Redis"] += used
+def merge_agents(reading: dict[str, float]) -> dict[str, float]:
+    """One row for the simulated agents, whatever the number of processes they ran in."""
+    out = {k: v for k, v in reading.items() if not k.startswith("agents")}
+    out["simulated agents (all processes)"] = sum(
+        v for k, v in reading.items() if k.startswith("agents")
+    )
     return out
 
 
@@ -270,13 +250,10 @@ def main() -> None:
     from scheduler.models import NodeEvent
 
     lost = NodeEvent.objects.filter(kind="node_lost").values("node").distinct().count()
-    agent_cpu = sum(v for k, v in cpu_after.items() if k.startswith("agents"))
-    cpu_rows = [
-        [name, f"{(cpu_after[name] - cpu_before.get(name, 0.0)) / args.seconds:.2f}"]
-        for name in sorted(cpu_after)
-        if not name.startswith("agents")
-    ] + [["simulated agents (all processes)", f"{agent_cpu / args.seconds:.2f}"]]
-    cpu_table = markdown_table(["process", "cores used (CPU s / wall s)"], cpu_rows)
+    cpu_rows = cpu_table(
+        merge_agents(cpu_before), merge_agents(cpu_after), seconds=float(args.seconds)
+    )
+    cpu_table_md = markdown_table(["part", "CPU s", "cores used (CPU s / wall s)"], cpu_rows)
     running = JobEvent.objects.filter(to_state="running").values("job").distinct().count()
     rows = []
     for name in sorted(rec.latency):
@@ -304,7 +281,7 @@ def main() -> None:
         f"max {durations[-1]:.2f} s; invariants at the end: **{ok}**."
     )
     print(table)
-    print(cpu_table)
+    print(cpu_table_md)
     print(summary)
     write_section(
         args.section,
@@ -317,7 +294,7 @@ def main() -> None:
         f"{args.ramp:g} s), and the users and the submitter are threads of the benchmark's own "
         "process, all on the same two cores. Errors are 5xx answers and requests unanswered "
         "after 30 s.\n\n" + table + "\n\nWhere the two cores went during the measured "
-        "window:\n\n" + cpu_table + "\n\n" + summary,
+        "window:\n\n" + cpu_table_md + "\n\n" + summary,
     )
 
 

@@ -12,11 +12,63 @@ import sys
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import requests
 
 from bench import REPO
+
+
+MACHINE = "whole machine"
+
+
+def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process group, PostgreSQL's and Redis's processes,
+    this process (from /proc), and the whole machine (`MACHINE`, from /proc/stat): what the
+    named parts do not account for (job processes, the kernel, anything else) is the gap."""
+    tick = os.sysconf("SC_CLK_TCK")
+    by_group = {pgid: name for name, pgid in groups.items()}
+    out: dict[str, float] = defaultdict(float)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        # own time plus that of its children already reaped (a PostgreSQL backend that
+        # ended is counted in the postmaster's), so every CPU second is counted once
+        pgid, used = int(fields[2]), sum(int(f) for f in fields[11:15]) / tick
+        if int(entry.name) == os.getpid():
+            out["load generator (this process)"] += used
+        elif pgid in by_group:
+            out[by_group[pgid]] += used
+        elif comm.startswith("postgres"):
+            out["PostgreSQL"] += used
+        elif comm.startswith("redis"):
+            out["Redis"] += used
+    # user, nice, system, (idle, iowait skipped), irq, softirq, steal
+    busy = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    out[MACHINE] = sum(int(busy[i]) for i in (0, 1, 2, 5, 6, 7)) / tick
+    return out
+
+
+def cpu_table(before: dict[str, float], after: dict[str, float], seconds: float) -> list[list[str]]:
+    """Rows (part, CPU seconds, cores used) for the window between two `cpu_seconds` readings,
+    with what the named parts leave of the machine's total as a row of its own."""
+    used = {name: after[name] - before.get(name, 0.0) for name in after}
+    machine = used.pop(MACHINE)
+    rows = [
+        [name, f"{used[name]:.1f}", f"{used[name] / seconds:.2f}"]
+        for name in sorted(used, key=lambda n: -used[n])
+    ]
+    rest = max(0.0, machine - sum(used.values()))
+    rows.append(["everything else (job processes, kernel)", f"{rest:.1f}", f"{rest / seconds:.2f}"])
+    rows.append([f"**{MACHINE}**", f"{machine:.1f}", f"{machine / seconds:.2f}"])
+    return rows
 
 
 def wait_port(url: str, timeout: float = 30) -> None:

@@ -46,19 +46,38 @@ def _preemptible_offer(spec: JobSpec) -> str:
 
 
 def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict | None:
-    """Admission hook (SCHEDULER_ADMISSION_CHECKS)."""
-    overdue = _overdue_projects({project.pk}, now)
-    if project.pk in overdue:
-        since = overdue[project.pk].payment_failed_at
+    """Admission hook (SCHEDULER_ADMISSION_CHECKS).
+
+    The account's payment standing and the project's budget come in one statement: this runs
+    for every submission.
+    """
+    row = (
+        Project.objects.filter(pk=project.pk)
+        .values_list(
+            "billing__account__payment_failed_at",
+            "budget__monthly_amount",
+            "budget__hard_cap",
+            "budget__preemptible_allowance_percent",
+        )
+        .first()
+    )
+    payment_failed_at, monthly_amount, hard_cap, allowance = row or (None, None, None, None)
+    cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
+    if payment_failed_at is not None and payment_failed_at <= cutoff:
         return Verdict(
             False,
-            reason=f"Payment overdue: an invoice payment failed on {since:%Y-%m-%d} and the "
-            f"{settings.BILLING_PAYMENT_GRACE_DAYS}-day grace period is over. New jobs start "
-            "again once it is paid.",
+            reason=f"Payment overdue: an invoice payment failed on {payment_failed_at:%Y-%m-%d} "
+            f"and the {settings.BILLING_PAYMENT_GRACE_DAYS}-day grace period is over. New jobs "
+            "start again once it is paid.",
         )
-    budget = Budget.objects.filter(project=project).first()
-    if budget is None:
+    if monthly_amount is None:
         return None
+    budget = Budget(
+        project=project,
+        monthly_amount=monthly_amount,
+        hard_cap=hard_cap,
+        preemptible_allowance_percent=allowance,
+    )
     spent = pricing.to_cents(selectors.project_spend(project_ids={project.pk}, now=now)[project.pk])
     note = f"budget: ${spent} of ${budget.monthly_amount} this month"
     if not budget.hard_cap or spent < budget.monthly_amount:

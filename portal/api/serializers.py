@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from rest_framework import serializers
@@ -9,7 +10,34 @@ from rest_framework import serializers
 from portal.models import ApiToken, Membership, Project, Quota, QuotaModelLimit, Role
 
 
-class StrictSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class PrototypeFieldsMixin:
+    """Fields built once per serializer class and copied shallowly for each instance.
+
+    DRF re-creates every declared field for every serializer instance (a deep copy calls each
+    field's `__init__` again), and a ModelSerializer derives its fields from the model anew each
+    time: on the submit path that was a fifth of the web worker's CPU. A field is configured
+    once and holds nothing of a request until it is bound to its serializer, which happens on
+    the copy, so a shallow copy of a prototype does as well. A field that is itself a
+    serializer (nested, or `many=True`) keeps state while it validates: it is copied deeply,
+    as DRF does. Subclasses get their own prototypes (looked up in the class's own dict).
+    """
+
+    def get_fields(self) -> dict[str, serializers.Field]:  # type: ignore[type-arg]
+        cls = type(self)
+        prototype: dict[str, serializers.Field] | None = cls.__dict__.get("_prototype_fields")  # type: ignore[type-arg]
+        if prototype is None:
+            # Two threads racing here build equal prototypes; either may stay.
+            prototype = super().get_fields()  # type: ignore[misc]
+            cls._prototype_fields = prototype  # type: ignore[attr-defined]
+        return {
+            name: copy.deepcopy(field)
+            if isinstance(field, serializers.BaseSerializer)
+            else copy.copy(field)
+            for name, field in prototype.items()
+        }
+
+
+class StrictSerializer(PrototypeFieldsMixin, serializers.Serializer):  # type: ignore[type-arg]
     """Rejects fields it does not know, so a typo is an error and not a silent default."""
 
     def to_internal_value(self, data: Any) -> Any:

@@ -23,7 +23,7 @@ from portal.api.schema import (
     StrictJSONParser,
     StrictLimitOffsetPagination,
 )
-from portal.api.serializers import StrictSerializer
+from portal.api.serializers import PrototypeFieldsMixin, StrictSerializer
 from portal.models import PriorityClass, Project, User
 from portal.ratelimit import FixedWindowScopedThrottle
 from portal.selectors import project_get_visible
@@ -102,7 +102,7 @@ class JobCreateSerializer(StrictSerializer):
         return project, JobSpec(**d, source=source)
 
 
-class JobSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type: ignore[type-arg]
     project: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
         slug_field="slug", read_only=True
     )

@@ -1,0 +1,142 @@
+"""The submit path's shortcuts give the same answers as the long way round.
+
+Serializer fields are copied from a per-class prototype instead of being rebuilt, the user's
+role comes with the project it was looked up for, and billing reads a project's standing in
+one statement. Each shortcut is checked against what it replaced.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+from rest_framework import serializers
+
+from billing.admission import budget_check
+from billing.models import BillingAccount, Budget, ProjectBilling
+from portal.errors import NotFound
+from portal.models import Role
+from portal.selectors import project_get_visible, project_role_of
+from portal.services import require_role
+from scheduler.admission import JobSpec, job_submit
+from scheduler.api.jobs import JobCreateSerializer, JobDetailSerializer, JobSerializer
+
+pytestmark = pytest.mark.django_db
+
+
+class RebuiltJobSerializer(JobSerializer):
+    """JobSerializer with DRF's own field construction: every field built anew."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:  # type: ignore[type-arg]
+        return serializers.ModelSerializer.get_fields(self)
+
+
+def test_each_serializer_instance_binds_its_own_copy_of_the_fields():
+    first, second = JobCreateSerializer(data={}), JobCreateSerializer(data={})
+    assert set(first.fields) == set(second.fields) == set(JobCreateSerializer._declared_fields)
+    for name in first.fields:
+        assert first.fields[name] is not second.fields[name]
+        assert first.fields[name].parent is first
+        assert second.fields[name].parent is second
+        assert first.fields[name].field_name == name
+
+
+def test_a_subclass_does_not_inherit_its_parents_prototype(team, fleet):
+    job = job_submit(
+        actor=team["owner"],
+        project=team["a"],
+        spec=JobSpec(name="x", command="true", gpu_model=fleet["h100"]),
+    )[0]
+    assert set(JobSerializer(job).data) == set(JobSerializer.Meta.fields)  # prototype built
+    detail = JobDetailSerializer(job).data
+    assert set(detail) == set(JobDetailSerializer.Meta.fields)
+    assert {"env", "working_dir", "placement"} <= set(detail)
+    assert set(JobSerializer(job).data) == set(JobSerializer.Meta.fields)
+
+
+def test_prototype_fields_represent_jobs_as_drf_builds_them(team, fleet):
+    owner, project = team["owner"], team["a"]
+    jobs = job_submit(
+        actor=owner,
+        project=project,
+        spec=JobSpec(name="arr", command="true", gpu_model=fleet["h100"], shard_count=3),
+    )
+    jobs += job_submit(
+        actor=owner,
+        project=project,
+        spec=JobSpec(name="frac", command="true", gpu_milli=250, gpu_memory_mib=4096),
+    )
+    for job in jobs:
+        assert JobSerializer(job).data == RebuiltJobSerializer(job).data
+    assert JobSerializer(jobs, many=True).data == RebuiltJobSerializer(jobs, many=True).data
+
+
+def test_prototype_fields_validate_concurrent_requests_independently(fleet):
+    """Threads validating at once each get their own verdict: no state shared between them."""
+    good = {"project": "alpha", "name": "ok", "command": "true", "gpus": 2}
+
+    def validate(i: int) -> tuple[int, bool, dict[str, object]]:
+        body = dict(good, name=f"ok{i}") if i % 2 else dict(good, gpus=0, name=f"bad{i}")
+        s = JobCreateSerializer(data=body)
+        return i, s.is_valid(), dict(s.errors) if s.errors else dict(s.validated_data)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(validate, range(200)))
+    for i, valid, detail in results:
+        if i % 2:
+            assert valid and detail["name"] == f"ok{i}" and detail["gpus"] == 2
+        else:
+            assert not valid and set(detail) == {"gpus"}
+
+
+def test_visible_project_carries_the_role_so_the_check_costs_no_query(
+    team, django_assert_num_queries
+):
+    with django_assert_num_queries(1):
+        project = project_get_visible(user=team["viewer"], slug="alpha")
+        assert project_role_of(user=team["viewer"], project=project) == Role.VIEWER
+    with django_assert_num_queries(0), pytest.raises(Exception, match="viewer"):
+        require_role(user=team["viewer"], project=project, roles=(Role.OWNER, Role.MEMBER))
+
+
+def test_the_role_read_for_one_user_is_not_taken_for_another(team):
+    project = project_get_visible(user=team["viewer"], slug="alpha")
+    assert project_role_of(user=team["owner"], project=project) == Role.OWNER
+    assert project_role_of(user=team["outsider"], project=project) is None
+
+
+def test_staff_see_any_project_as_viewers_and_strangers_see_none(team, make_user):
+    staff = make_user(staff=True)
+    project = project_get_visible(user=staff, slug="beta")
+    assert project_role_of(user=staff, project=project) == Role.VIEWER
+    with pytest.raises(NotFound):
+        project_get_visible(user=team["member"], slug="beta")
+    with pytest.raises(NotFound):
+        project_get_visible(user=team["member"], slug="no-such-project")
+
+
+def test_budget_standing_is_one_statement_and_says_what_the_rules_say(
+    team, fleet, django_assert_num_queries
+):
+    project, now = team["a"], timezone.now()
+    spec = JobSpec(name="x", command="true", gpu_model=fleet["h100"])
+    with django_assert_num_queries(1):
+        assert budget_check(project=project, spec=spec, now=now) is None  # no account, no budget
+    account = BillingAccount.objects.create(name="Acme")
+    ProjectBilling.objects.create(project=project, account=account)
+    Budget.objects.create(project=project, monthly_amount=Decimal("100.00"), hard_cap=True)
+    verdict = budget_check(project=project, spec=spec, now=now)
+    assert verdict is not None and verdict.admit
+    assert verdict.quota_notes == ("budget: $0.00 of $100.00 this month",)
+    account.payment_failed_at = now - timedelta(days=60)
+    account.save()
+    verdict = budget_check(project=project, spec=spec, now=now)
+    assert verdict is not None and not verdict.admit
+    assert verdict.reason.startswith("Payment overdue")
+    account.payment_failed_at = now - timedelta(hours=1)  # still within the grace period
+    account.save()
+    verdict = budget_check(project=project, spec=spec, now=now)
+    assert verdict is not None and verdict.admit
