@@ -14,14 +14,12 @@ no usage slice or invoice counted twice).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import requests
 

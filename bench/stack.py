@@ -19,7 +19,6 @@ import requests
 
 from bench import REPO
 
-
 MACHINE = "whole machine"
 
 

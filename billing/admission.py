@@ -72,30 +72,24 @@ def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict |
         )
     if monthly_amount is None:
         return None
-    budget = Budget(
-        project=project,
-        monthly_amount=monthly_amount,
-        hard_cap=hard_cap,
-        preemptible_allowance_percent=allowance,
-    )
     spent = pricing.to_cents(selectors.project_spend(project_ids={project.pk}, now=now)[project.pk])
-    note = f"budget: ${spent} of ${budget.monthly_amount} this month"
-    if not budget.hard_cap or spent < budget.monthly_amount:
+    note = f"budget: ${spent} of ${monthly_amount} this month"
+    if not hard_cap or spent < monthly_amount:
         return Verdict(True, quota_notes=(note,))
-    ceiling = budget.monthly_amount * (100 + budget.preemptible_allowance_percent) / 100
+    ceiling = monthly_amount * (100 + (allowance or 0)) / 100
     if spec.preemptible and spent < ceiling:
         return Verdict(True, quota_notes=(note, "over budget: admitted as preemptible work"))
     if spec.preemptible:
         return Verdict(
             False,
             reason=f"Budget exhausted: {project.name} has spent ${spent}, beyond its "
-            f"${budget.monthly_amount} monthly budget and the preemptible allowance. Ask an "
+            f"${monthly_amount} monthly budget and the preemptible allowance. Ask an "
             "owner to raise the budget.",
         )
     return Verdict(
         False,
         reason=f"Budget exhausted: {project.name} has spent ${spent} of its "
-        f"${budget.monthly_amount} monthly budget. {_preemptible_offer(spec)}, or ask an owner "
+        f"${monthly_amount} monthly budget. {_preemptible_offer(spec)}, or ask an owner "
         "to raise the budget.",
     )
 
