@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -156,19 +157,28 @@ def token_revoke(*, user: User, token_id: int) -> ApiToken:
     return token
 
 
+TOKEN_USER = """
+SELECT u.*, t.id AS token_id,
+       (t.last_used_at IS NULL OR t.last_used_at < %s) AS token_last_use_stale
+  FROM portal_user u
+  JOIN portal_apitoken t ON t.user_id = u.id
+ WHERE t.token_hash = %s AND t.revoked_at IS NULL AND u.is_active
+"""
+
+
 def token_authenticate(*, raw: str) -> User | None:
-    """The active user behind a bearer token, recording when it was last used."""
+    """The active user behind a bearer token, recording when it was last used.
+
+    One plain statement: every API call comes through here.
+    """
     if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
-        return None
-    token = (
-        ApiToken.objects.select_related("user")
-        .filter(token_hash=token_hash(raw), revoked_at__isnull=True)
-        .first()
-    )
-    if token is None or not token.user.is_active:
         return None
     now = timezone.now()
     # Write at most once a minute: a busy client should not turn reads into writes.
-    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+    stale_before = now - timedelta(seconds=60)
+    user = next(iter(User.objects.raw(TOKEN_USER, [stale_before, token_hash(raw)])), None)
+    if user is None:
+        return None
+    if getattr(user, "token_last_use_stale", False):
+        ApiToken.objects.filter(pk=getattr(user, "token_id", None)).update(last_used_at=now)
+    return user

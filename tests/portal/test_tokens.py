@@ -88,3 +88,35 @@ def test_token_page_shows_secret_once(make_user, client):
     secret = html[start : html.index("</pre>", start)]
     assert hashlib.sha256(secret.encode()).hexdigest() == token.token_hash
     assert secret not in client.get("/tokens/").content.decode()
+
+
+def test_last_use_is_written_at_most_once_a_minute(make_user, api, django_assert_num_queries):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.services import token_authenticate
+
+    user = make_user()
+    secret = create_token(api, user)["token"]
+    with django_assert_num_queries(2):  # the lookup, then the first use is recorded
+        assert token_authenticate(raw=secret) == user
+    first = ApiToken.objects.get(user=user).last_used_at
+    with django_assert_num_queries(1):  # used again within the minute: a read only
+        assert token_authenticate(raw=secret) == user
+    assert ApiToken.objects.get(user=user).last_used_at == first
+    ApiToken.objects.filter(user=user).update(last_used_at=first - timedelta(seconds=61))
+    with django_assert_num_queries(2):
+        assert token_authenticate(raw=secret) == user
+    assert ApiToken.objects.get(user=user).last_used_at > first - timedelta(seconds=1)
+    assert ApiToken.objects.get(user=user).last_used_at <= timezone.now()
+
+
+def test_a_deactivated_users_token_is_refused(make_user, api):
+    user = make_user()
+    secret = create_token(api, user)["token"]
+    user.is_active = False
+    user.save()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert client.get("/api/v1/projects/").status_code == 401
