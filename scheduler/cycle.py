@@ -318,44 +318,54 @@ def build_state(
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
     by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
-    holders: dict[int, dict[str, Any]] = {}
     for row in active:
         used_milli[row[2]] += row[3]
         used_mem[row[2]] += row[4]
         by_job[row[0]].append(row)
-        if row[0] not in holders:
-            holders[row[0]] = dict(zip(HOLDER_FIELDS, row[6:], strict=True))
     node_cpu: dict[int, int] = defaultdict(int)
     node_mem: dict[int, int] = defaultdict(int)
     running: list[RunningWork] = []
     project_ids: set[int] = set()
     for job_id, allocs in by_job.items():
-        job = holders[job_id]
-        project_ids.add(job["project_id"])
+        # the job's columns (HOLDER_FIELDS) repeat on each of its allocation rows
+        (
+            project_id,
+            project,
+            priority,
+            preemptible,
+            borrowed,
+            state,
+            min_runtime_s,
+            runtime_estimate_s,
+            elastic_min,
+            elastic_max,
+            cpu_milli,
+            memory_mib,
+        ) = allocs[0][6:]
+        project_ids.add(project_id)
         per_node: dict[int, int] = defaultdict(int)
         for a in allocs:
             per_node[a[1]] += 1
         for node_id, count in per_node.items():
-            node_cpu[node_id] += job["cpu_milli"] * count // len(allocs)
-            node_mem[node_id] += job["memory_mib"] * count // len(allocs)
+            node_cpu[node_id] += cpu_milli * count // len(allocs)
+            node_mem[node_id] += memory_mib * count // len(allocs)
         running.append(
             RunningWork(
                 job_id=job_id,
-                project=job["project__slug"],
-                priority=job["priority"],
-                preemptible=(job["preemptible"] or job["borrowed"])
-                and job["state"] != JobState.PREEMPTING,
+                project=project,
+                priority=priority,
+                preemptible=(preemptible or borrowed) and state != JobState.PREEMPTING,
                 started_at=min(a[5] for a in allocs),
-                min_runtime_s=job["min_runtime_s"],
-                runtime_estimate_s=job["runtime_estimate_s"],
+                min_runtime_s=min_runtime_s,
+                runtime_estimate_s=runtime_estimate_s,
                 shares=tuple(
                     Share(node_id=a[1], gpu_id=a[2], milli=a[3], memory_mib=a[4]) for a in allocs
                 ),
-                elastic_min=job["elastic_min"],
-                elastic_max=job["elastic_max"],
-                borrowed=job["borrowed"],
-                cpu_milli=job["cpu_milli"],
-                memory_mib=job["memory_mib"],
+                elastic_min=elastic_min,
+                elastic_max=elastic_max,
+                borrowed=borrowed,
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
             )
         )
 
@@ -485,18 +495,25 @@ class CycleResult:
     seconds: float = 0.0
 
 
+_ANY_QUEUED = CompiledQuery(lambda: Job.objects.filter(state=JobState.QUEUED).values_list("pk")[:1])
+
+
 def run_cycle(*, now: datetime | None = None) -> CycleResult:
-    """One whole cycle: snapshot → plan → apply. Callers hold the single-flight lock."""
+    """One whole cycle: snapshot → plan → apply. Callers hold the single-flight lock.
+
+    With nothing queued there is nothing to decide, so the snapshot is not read at all.
+    """
     started = time.perf_counter()
     now = now or timezone.now()
     expire_stale_preemptions(now=now)
-    config = policy_config()
-    state = build_state(now=now, with_usage=orders_by_fair_share(config))
     result = CycleResult()
-    if state.queue:
-        decided = plan(state.snapshot, state.queue, config, ts(now))
-        result = apply_plan(decided, state, now=now)
-        record_pending(decided, state, set(result.placed))
+    if _ANY_QUEUED.rows():
+        config = policy_config()
+        state = build_state(now=now, with_usage=orders_by_fair_share(config))
+        if state.queue:
+            decided = plan(state.snapshot, state.queue, config, ts(now))
+            result = apply_plan(decided, state, now=now)
+            record_pending(decided, state, set(result.placed))
     result.seconds = time.perf_counter() - started
     return result
 

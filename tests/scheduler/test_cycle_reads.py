@@ -1,5 +1,6 @@
-"""The cycle reads what its pool's policy needs: fair share orders by decayed usage, which
-the cycle reads only under that policy."""
+"""What a cycle reads, and what it may skip without changing a decision: decayed usage only
+under fair share, the snapshot only when something is queued, the overdue-preemption
+transaction only when a preemption is overdue."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.utils import timezone
 from scheduler.admission import JobSpec, job_submit
 from scheduler.core.plan import PolicyConfig
 from scheduler.cycle import orders_by_fair_share, run_cycle
-from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Pool
+from scheduler.models import Allocation, Gpu, GpuModel, Job, JobEvent, JobState, Pool
 
 
 def heavy_past_usage(project, user) -> None:
@@ -54,3 +55,30 @@ def test_only_the_fair_share_policy_reads_usage():
     assert orders_by_fair_share(
         PolicyConfig(queue="fcfs", pools={"batch": PolicyConfig(queue="fairshare")})
     )
+
+
+@pytest.mark.django_db
+def test_with_nothing_queued_the_cycle_reads_no_snapshot(team, fleet, django_assert_num_queries):
+    spec = JobSpec(name="one", command="true")
+    (job,) = job_submit(actor=team["member"], project=team["a"], spec=spec)
+    assert run_cycle().placed == [job.pk]
+    with django_assert_num_queries(2):  # overdue preemptions? anything queued? no and no
+        assert run_cycle().placed == []
+    (later,) = job_submit(actor=team["member"], project=team["a"], spec=spec)
+    assert run_cycle().placed == [later.pk]
+
+
+@pytest.mark.django_db
+def test_a_preemption_unconfirmed_past_grace_is_requeued_once_a_minute_over(team, fleet):
+    spec = JobSpec(name="victim", command="true", preemptible=True)
+    (job,) = job_submit(actor=team["member"], project=team["a"], spec=spec)
+    assert run_cycle().placed == [job.pk]
+    deadline = timezone.now()
+    Job.objects.filter(pk=job.pk).update(state=JobState.PREEMPTING, preempt_deadline=deadline)
+    run_cycle(now=deadline + timedelta(seconds=59))
+    assert Job.objects.get(pk=job.pk).state == JobState.PREEMPTING
+    run_cycle(now=deadline + timedelta(seconds=61))
+    assert JobEvent.objects.filter(
+        job=job, from_state=JobState.PREEMPTING, to_state=JobState.QUEUED
+    ).exists()
+    assert not Allocation.objects.filter(job=job, ended_at__isnull=True, attempt=1).exists()
