@@ -118,13 +118,21 @@ def one_cycle() -> dict[str, float]:
     from django.utils import timezone
 
     from scheduler.core.plan import plan
-    from scheduler.cycle import apply_plan, build_state, policy_config, record_pending, ts
+    from scheduler.cycle import (
+        apply_plan,
+        build_state,
+        orders_by_fair_share,
+        policy_config,
+        record_pending,
+        ts,
+    )
 
     now = timezone.now()
     t0 = time.perf_counter()
-    state = build_state(now=now)
+    config = policy_config()
+    state = build_state(now=now, with_usage=orders_by_fair_share(config))
     t1 = time.perf_counter()
-    decided = plan(state.snapshot, state.queue, policy_config(), ts(now))
+    decided = plan(state.snapshot, state.queue, config, ts(now))
     t2 = time.perf_counter()
     with transaction.atomic():
         result = apply_plan(decided, state, now=now)

@@ -12,10 +12,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.db.models import F
 from django.utils import timezone
 
 from billing import pricing, selectors
 from billing.models import BillingAccount, Budget, ProjectBilling
+from portal.db import AnyOf, CompiledQuery
 from portal.models import Project
 from scheduler.admission import JobSpec, Verdict
 from scheduler.models import GpuModel
@@ -94,17 +96,32 @@ def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict |
     )
 
 
+# The cycle's reads, compiled once (`CompiledQuery`): the cycle asks on every run.
+_OVERDUE_PROJECTS = CompiledQuery(
+    lambda project_ids, cutoff: ProjectBilling.objects.filter(
+        AnyOf(F("project_id"), project_ids), account__payment_failed_at__lte=cutoff
+    ).values_list("project_id")
+)
+_HARD_CAPPED_BUDGETS = CompiledQuery(
+    lambda project_ids: Budget.objects.filter(
+        AnyOf(F("project_id"), project_ids), hard_cap=True
+    ).values_list("project_id", "monthly_amount", "preemptible_allowance_percent")
+)
+
+
 def projects_over_budget(*, project_ids: set[int]) -> set[int]:
     """Cycle hook (SCHEDULER_BUDGET_EXHAUSTED): projects whose queued jobs must wait."""
     if not project_ids:
         return set()
     now = timezone.now()
-    out = set(_overdue_projects(project_ids, now))
-    budgets = list(Budget.objects.filter(project_id__in=project_ids, hard_cap=True))
+    ids = list(project_ids)
+    cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
+    out = {project_id for (project_id,) in _OVERDUE_PROJECTS.rows(project_ids=ids, cutoff=cutoff)}
+    budgets = _HARD_CAPPED_BUDGETS.rows(project_ids=ids)
     if budgets:
-        spend = selectors.project_spend(project_ids={b.project_id for b in budgets}, now=now)
-        for b in budgets:
-            ceiling = b.monthly_amount * (100 + b.preemptible_allowance_percent) / 100
-            if spend.get(b.project_id, Decimal(0)) >= ceiling:
-                out.add(b.project_id)
+        spend = selectors.project_spend(project_ids={b[0] for b in budgets}, now=now)
+        for project_id, monthly_amount, allowance_percent in budgets:
+            ceiling = monthly_amount * (100 + allowance_percent) / 100
+            if spend.get(project_id, Decimal(0)) >= ceiling:
+                out.add(project_id)
     return out

@@ -28,6 +28,7 @@ from billing.models import (
     UsageRecord,
 )
 from billing.rates import PriceTable
+from portal.db import CompiledQuery
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
@@ -184,17 +185,21 @@ def job_cost(job: Job, *, now: datetime | None = None) -> Decimal:
     return pricing.to_cents(metered + open_part)
 
 
+# Reserved plans in force at `now` (the cycle asks on every run: compiled once).
+_ACTIVE_RESERVED_PLANS = CompiledQuery(
+    lambda now: ReservedPlan.objects.filter(starts_at__lte=now, ends_at__gt=now).values_list(
+        "account_id", "project__slug", "gpu_model__name", "gpus"
+    )
+)
+
+
 def reserved_gpus_by_project(*, now: datetime | None = None) -> dict[str, dict[str, int]]:
     """Scheduler snapshot: project slug → GPU model name → GPUs guaranteed by active reserved
     plans (a plan without a project belongs to its account's only project)."""
     now = now or timezone.now()
-    plans = list(
-        ReservedPlan.objects.filter(starts_at__lte=now, ends_at__gt=now).select_related(
-            "project", "gpu_model"
-        )
-    )
+    plans = _ACTIVE_RESERVED_PLANS.rows(now=now)
     sole: dict[int, str] = {}
-    unassigned = {p.account_id for p in plans if p.project is None}
+    unassigned = {account_id for account_id, project_slug, _, _ in plans if project_slug is None}
     if unassigned:
         links = defaultdict(list)
         for account_id, project_slug in ProjectBilling.objects.filter(
@@ -203,13 +208,11 @@ def reserved_gpus_by_project(*, now: datetime | None = None) -> dict[str, dict[s
             links[account_id].append(project_slug)
         sole = {a: slugs[0] for a, slugs in links.items() if len(slugs) == 1}
     out: dict[str, dict[str, int]] = defaultdict(dict)
-    for plan in plans:
-        slug: str | None = (
-            plan.project.slug if plan.project is not None else sole.get(plan.account_id)
-        )
+    for account_id, project_slug, model_name, gpus in plans:
+        slug: str | None = project_slug if project_slug is not None else sole.get(account_id)
         if slug is None:
             continue
-        out[slug][plan.gpu_model.name] = out[slug].get(plan.gpu_model.name, 0) + plan.gpus
+        out[slug][model_name] = out[slug].get(model_name, 0) + gpus
     return dict(out)
 
 

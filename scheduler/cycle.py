@@ -18,12 +18,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max, TextField
+from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
-from portal.db import EpochSeconds, bulk_update_rows, insert_rows
-from portal.models import Quota
+from portal.db import AnyOf, CompiledQuery, EpochSeconds, bulk_update_rows, insert_rows
+from portal.models import Quota, QuotaModelLimit
 from scheduler import hooks
 from scheduler.core.model import (
     GpuView,
@@ -191,6 +191,95 @@ def _request(
     )
 
 
+# The snapshot's reads, compiled to SQL once (`CompiledQuery`): the cycle runs back to back
+# while jobs arrive, and building these querysets cost more CPU than running them.
+_ACTIVE_ALLOCATIONS = CompiledQuery(
+    lambda: Allocation.objects.filter(ended_at__isnull=True).values_list(
+        "job_id",
+        "node_id",
+        "gpu_id",
+        "share_milli",
+        "memory_mib",
+        EpochSeconds("started_at"),
+        *(f"job__{name}" for name in HOLDER_FIELDS),
+    )
+)
+_NODES = CompiledQuery(
+    lambda: (
+        Node.objects.exclude(state__in=[Node.State.RETIRED, Node.State.LOST])
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "name",
+            "pool__name",
+            "cpu_milli",
+            "memory_mib",
+            "labels",
+            "state",
+            "fenced",
+            "last_heartbeat_at",
+        )
+    )
+)
+_GPUS = CompiledQuery(
+    lambda: (
+        Gpu.objects.exclude(node__state__in=[Node.State.RETIRED, Node.State.LOST])
+        .order_by("node_id", "index")
+        .values_list(
+            "pk",
+            "node_id",
+            "index",
+            "model__name",
+            "memory_mib",
+            "sharing_mode",
+            "oversubscription",
+            "health",
+        )
+    )
+)
+# Plain tuples: QUEUED_FIELDS, submission time, then what only `build_state` reads.
+_QUEUED_JOBS = CompiledQuery(
+    lambda: (
+        Job.objects.filter(state=JobState.QUEUED)
+        .order_by("queued_at", "pk")
+        .values_list(
+            *QUEUED_FIELDS,
+            EpochSeconds(Coalesce("queued_at", "created_at")),
+            # as text: decoded once per distinct value, most jobs ask for none
+            Cast("precisions", output_field=TextField()),
+            "project_id",
+            "pending_reason",
+            "pending_message",
+            "queue_position",
+            "estimated_start_at",
+        )
+    )
+)
+_RECENT_PREEMPTIONS = CompiledQuery(
+    lambda since: JobEvent.objects.filter(
+        job__state=JobState.QUEUED, to_state=JobState.PREEMPTING, created_at__gte=since
+    ).values_list("job_id", "data")
+)
+_QUOTAS = CompiledQuery(
+    lambda project_ids: Quota.objects.filter(AnyOf(F("project_id"), project_ids)).values_list(
+        "project_id", "project__slug", "max_gpus", "allow_borrowing"
+    )
+)
+_QUOTA_MODEL_LIMITS = CompiledQuery(
+    lambda project_ids: QuotaModelLimit.objects.filter(
+        AnyOf(F("quota__project_id"), project_ids)
+    ).values_list("quota__project_id", "gpu_model__name", "max_gpus")
+)
+_MODEL_PRECISIONS = CompiledQuery(lambda: GpuModel.objects.values_list("name", "precisions"))
+_ENDED_ALLOCATIONS = CompiledQuery(
+    lambda project_ids, since: Allocation.objects.filter(
+        AnyOf(F("job__project_id"), project_ids), ended_at__gte=since
+    ).values_list(
+        "job__project_id", "share_milli", EpochSeconds("started_at"), EpochSeconds("ended_at")
+    )
+)
+
+
 def _decayed_usage(
     project_ids: set[int], now: datetime, active: list[tuple[int, int, float]]
 ) -> dict[int, float]:
@@ -207,11 +296,7 @@ def _decayed_usage(
         for project_id, share, started in active
         if project_id in project_ids
     ]
-    rows += Allocation.objects.filter(
-        job__project_id__in=project_ids, ended_at__gte=since
-    ).values_list(
-        "job__project_id", "share_milli", EpochSeconds("started_at"), EpochSeconds("ended_at")
-    )
+    rows += _ENDED_ALLOCATIONS.rows(project_ids=list(project_ids), since=since)
     for project_id, share, started, end in rows:
         hours = max(0.0, end - max(started, since_s)) / 3600 * share / 1000
         age_h = (now_s - end) / 3600
@@ -219,108 +304,74 @@ def _decayed_usage(
     return usage
 
 
-def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> ClusterState:
+def build_state(
+    *, now: datetime, extra_jobs: list[Job] | None = None, with_usage: bool = True
+) -> ClusterState:
     """Read nodes, GPUs, active allocations, queued jobs and quotas into immutable core values.
 
-    Plain `values()` rows, not model instances: the cycle reads tens of thousands of rows.
+    Plain rows, not model instances: the cycle reads tens of thousands of rows.
+    `with_usage=False` leaves the projects' decayed usage at zero without reading the week's
+    ended allocations; only the fair-share queue policy reads it (`orders_by_fair_share`).
     """
     # Active allocations with their job's columns in one read (consistent, no id list).
-    active = list(
-        Allocation.objects.filter(ended_at__isnull=True).values_list(
-            "job_id",
-            "node_id",
-            "gpu_id",
-            "share_milli",
-            "memory_mib",
-            EpochSeconds("started_at"),
-            "job__project_id",
-            "job__project__slug",
-            "job__priority",
-            "job__preemptible",
-            "job__borrowed",
-            "job__state",
-            "job__min_runtime_s",
-            "job__runtime_estimate_s",
-            "job__elastic_min",
-            "job__elastic_max",
-            "job__cpu_milli",
-            "job__memory_mib",
-        )
-    )
+    active = _ACTIVE_ALLOCATIONS.rows()
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
     by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
-    holders: dict[int, dict[str, Any]] = {}
     for row in active:
         used_milli[row[2]] += row[3]
         used_mem[row[2]] += row[4]
         by_job[row[0]].append(row)
-        if row[0] not in holders:
-            holders[row[0]] = dict(zip(HOLDER_FIELDS, row[6:], strict=True))
     node_cpu: dict[int, int] = defaultdict(int)
     node_mem: dict[int, int] = defaultdict(int)
     running: list[RunningWork] = []
     project_ids: set[int] = set()
     for job_id, allocs in by_job.items():
-        job = holders[job_id]
-        project_ids.add(job["project_id"])
+        # the job's columns (HOLDER_FIELDS) repeat on each of its allocation rows
+        (
+            project_id,
+            project,
+            priority,
+            preemptible,
+            borrowed,
+            state,
+            min_runtime_s,
+            runtime_estimate_s,
+            elastic_min,
+            elastic_max,
+            cpu_milli,
+            memory_mib,
+        ) = allocs[0][6:]
+        project_ids.add(project_id)
         per_node: dict[int, int] = defaultdict(int)
         for a in allocs:
             per_node[a[1]] += 1
         for node_id, count in per_node.items():
-            node_cpu[node_id] += job["cpu_milli"] * count // len(allocs)
-            node_mem[node_id] += job["memory_mib"] * count // len(allocs)
+            node_cpu[node_id] += cpu_milli * count // len(allocs)
+            node_mem[node_id] += memory_mib * count // len(allocs)
         running.append(
             RunningWork(
                 job_id=job_id,
-                project=job["project__slug"],
-                priority=job["priority"],
-                preemptible=(job["preemptible"] or job["borrowed"])
-                and job["state"] != JobState.PREEMPTING,
+                project=project,
+                priority=priority,
+                preemptible=(preemptible or borrowed) and state != JobState.PREEMPTING,
                 started_at=min(a[5] for a in allocs),
-                min_runtime_s=job["min_runtime_s"],
-                runtime_estimate_s=job["runtime_estimate_s"],
+                min_runtime_s=min_runtime_s,
+                runtime_estimate_s=runtime_estimate_s,
                 shares=tuple(
                     Share(node_id=a[1], gpu_id=a[2], milli=a[3], memory_mib=a[4]) for a in allocs
                 ),
-                elastic_min=job["elastic_min"],
-                elastic_max=job["elastic_max"],
-                borrowed=job["borrowed"],
-                cpu_milli=job["cpu_milli"],
-                memory_mib=job["memory_mib"],
+                elastic_min=elastic_min,
+                elastic_max=elastic_max,
+                borrowed=borrowed,
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
             )
         )
 
-    nodes = list(
-        Node.objects.exclude(state__in=[Node.State.RETIRED, Node.State.LOST])
-        .order_by("pk")
-        .values_list(
-            "pk",
-            "name",
-            "pool__name",
-            "cpu_milli",
-            "memory_mib",
-            "labels",
-            "state",
-            "fenced",
-            "last_heartbeat_at",
-        )
-    )
+    nodes = _NODES.rows()
     gpus_of: dict[int, list[GpuView]] = defaultdict(list)
-    for gid, node_id, index, model, mem, sharing, factor, health in (
-        Gpu.objects.exclude(node__state__in=[Node.State.RETIRED, Node.State.LOST])
-        .order_by("node_id", "index")
-        .values_list(
-            "pk",
-            "node_id",
-            "index",
-            "model__name",
-            "memory_mib",
-            "sharing_mode",
-            "oversubscription",
-            "health",
-        )
-    ):
+    for gid, node_id, index, model, mem, sharing, factor, health in _GPUS.rows():
         gpus_of[node_id].append(
             GpuView(
                 gpu_id=gid,
@@ -349,27 +400,10 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         for pk, name, pool, cpu, mem, labels, state, fenced, heartbeat in nodes
     ]
 
-    # Plain tuples: QUEUED_FIELDS, submission time, then what only this function reads.
-    queued = list(
-        Job.objects.filter(state=JobState.QUEUED)
-        .order_by("queued_at", "pk")
-        .values_list(
-            *QUEUED_FIELDS,
-            EpochSeconds(Coalesce("queued_at", "created_at")),
-            # as text: decoded once per distinct value, most jobs ask for none
-            Cast("precisions", output_field=TextField()),
-            "project_id",
-            "pending_reason",
-            "pending_message",
-            "queue_position",
-            "estimated_start_at",
-        )
-    )
+    queued = _QUEUED_JOBS.rows()
     recent = now - timedelta(seconds=PREEMPTION_MEMORY_S)
     preempted_by: dict[int, set[int]] = defaultdict(set)
-    for job_id, data in JobEvent.objects.filter(
-        job__state=JobState.QUEUED, to_state=JobState.PREEMPTING, created_at__gte=recent
-    ).values_list("job_id", "data"):
+    for job_id, data in _RECENT_PREEMPTIONS.rows(since=recent):
         if isinstance(data, dict) and data.get("for_job"):
             preempted_by[job_id].add(int(data["for_job"]))
     decoded: dict[str, frozenset[str]] = {}
@@ -391,28 +425,28 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
         if extra.project_id:
             project_ids.add(extra.project_id)
 
-    quotas = (
-        Quota.objects.filter(project_id__in=project_ids)
-        .select_related("project")
-        .prefetch_related("model_limits__gpu_model")
-    )
+    ids = list(project_ids)
+    limits: dict[int, dict[str, int]] = defaultdict(dict)
+    for project_id, model_name, max_gpus in _QUOTA_MODEL_LIMITS.rows(project_ids=ids):
+        limits[project_id][model_name] = max_gpus
     over_budget = hooks.projects_over_budget(project_ids)
     reserved = hooks.reserved_gpus_by_project(now)
-    usage = _decayed_usage(project_ids, now, [(a[6], a[3], a[5]) for a in active])
+    usage = (
+        _decayed_usage(project_ids, now, [(a[6], a[3], a[5]) for a in active]) if with_usage else {}
+    )
     project_quotas = {
-        q.project.slug: ProjectQuota(
-            max_gpus=q.max_gpus,
-            max_gpus_per_model={lim.gpu_model.name: lim.max_gpus for lim in q.model_limits.all()},
-            allow_borrowing=q.allow_borrowing,
-            budget_exhausted=q.project_id in over_budget,
-            decayed_usage=usage.get(q.project_id, 0.0),
-            reserved=reserved.get(q.project.slug, {}),
+        slug: ProjectQuota(
+            max_gpus=max_gpus,
+            max_gpus_per_model=limits.get(project_id, {}),
+            allow_borrowing=allow_borrowing,
+            budget_exhausted=project_id in over_budget,
+            decayed_usage=usage.get(project_id, 0.0),
+            reserved=reserved.get(slug, {}),
         )
-        for q in quotas
+        for project_id, slug, max_gpus, allow_borrowing in _QUOTAS.rows(project_ids=ids)
     }
     model_precisions = {
-        name: frozenset(precisions)
-        for name, precisions in GpuModel.objects.values_list("name", "precisions")
+        name: frozenset(precisions) for name, precisions in _MODEL_PRECISIONS.rows()
     }
     snapshot = Snapshot(
         nodes=tuple(node_views),
@@ -423,16 +457,23 @@ def build_state(*, now: datetime, extra_jobs: list[Job] | None = None) -> Cluste
     return ClusterState(snapshot=snapshot, queue=queue, pending_now=pending_now)
 
 
+_POOL_POLICY = CompiledQuery(
+    lambda: Pool.objects.order_by("pk").values_list(
+        "queue_policy", "scorer", "backfill", "preemption"
+    )[:1]
+)
+
+
 def policy_config() -> PolicyConfig:
-    pool = Pool.objects.order_by("pk").first()
-    if pool is None:
-        return PolicyConfig()
-    return PolicyConfig(
-        queue=pool.queue_policy,
-        scorer=pool.scorer,
-        backfill=pool.backfill,
-        preemption=pool.preemption,
-    )
+    """The first pool's policy (every pool is planned under it)."""
+    for queue, scorer, backfill, preemption in _POOL_POLICY.rows():
+        return PolicyConfig(queue=queue, scorer=scorer, backfill=backfill, preemption=preemption)
+    return PolicyConfig()
+
+
+def orders_by_fair_share(config: PolicyConfig) -> bool:
+    """Whether planning under `config` reads the projects' decayed usage."""
+    return any(c.queue == "fairshare" for c in (config, *config.pools.values()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,17 +495,25 @@ class CycleResult:
     seconds: float = 0.0
 
 
+_ANY_QUEUED = CompiledQuery(lambda: Job.objects.filter(state=JobState.QUEUED).values_list("pk")[:1])
+
+
 def run_cycle(*, now: datetime | None = None) -> CycleResult:
-    """One whole cycle: snapshot → plan → apply. Callers hold the single-flight lock."""
+    """One whole cycle: snapshot → plan → apply. Callers hold the single-flight lock.
+
+    With nothing queued there is nothing to decide, so the snapshot is not read at all.
+    """
     started = time.perf_counter()
     now = now or timezone.now()
     expire_stale_preemptions(now=now)
-    state = build_state(now=now)
     result = CycleResult()
-    if state.queue:
-        decided = plan(state.snapshot, state.queue, policy_config(), ts(now))
-        result = apply_plan(decided, state, now=now)
-        record_pending(decided, state, set(result.placed))
+    if _ANY_QUEUED.rows():
+        config = policy_config()
+        state = build_state(now=now, with_usage=orders_by_fair_share(config))
+        if state.queue:
+            decided = plan(state.snapshot, state.queue, config, ts(now))
+            result = apply_plan(decided, state, now=now)
+            record_pending(decided, state, set(result.placed))
     result.seconds = time.perf_counter() - started
     return result
 
@@ -484,20 +533,11 @@ ALLOCATION_FIELDS = (
 )
 
 
-@transaction.atomic
-def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleResult:
-    """Write the plan's placements and preemptions; drop a placement that no longer fits.
-
-    Plain rows throughout (a big cycle places hundreds of jobs on thousands of GPUs): the
-    allocations and the JobEvents go in as one multi-row INSERT each, the jobs in one UPDATE.
-    """
-    result = CycleResult()
-    touched = sorted({s.gpu_id for p in decided.placements for s in p.shares})
-    # Lock the GPU rows in a fixed order, then read what is allocated on them now.
-    locked: dict[int, _LockedGpu] = {}
-    for pk, node_id, name, node_state, fenced, model_id, health, sharing, factor, memory in (
+# `apply_plan`'s reads under its locks, compiled once like the snapshot's.
+_LOCK_GPUS = CompiledQuery(
+    lambda gpu_ids: (
         Gpu.objects.select_for_update(of=("self",))
-        .filter(pk__in=touched)
+        .filter(AnyOf(F("pk"), gpu_ids))
         .order_by("pk")
         .values_list(
             "pk",
@@ -511,7 +551,46 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
             "oversubscription",
             "memory_mib",
         )
-    ):
+    )
+)
+# What holds the GPUs now, and what ended on them after `now` (ended_at set).
+_ALLOCATIONS_ON_GPUS = CompiledQuery(
+    lambda gpu_ids, now: (
+        Allocation.objects.filter(AnyOf(F("gpu_id"), gpu_ids))
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=now))
+        .values_list("gpu_id", "share_milli", "memory_mib", "ended_at")
+    )
+)
+_LOCK_QUEUED_JOBS = CompiledQuery(
+    lambda job_ids: (
+        Job.objects.select_for_update(of=("self",))
+        .filter(AnyOf(F("pk"), job_ids), state=JobState.QUEUED)
+        .order_by("pk")
+        .values_list("pk", "attempt", "borrowed", "state")
+    )
+)
+
+
+def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleResult:
+    """Write the plan's placements and preemptions; drop a placement that no longer fits.
+
+    Plain rows throughout (a big cycle places hundreds of jobs on thousands of GPUs): the
+    allocations and the JobEvents go in as one multi-row INSERT each, the jobs in one UPDATE.
+    A plan with neither (a blocked queue's usual cycle) opens no transaction.
+    """
+    if not decided.placements and not decided.preemptions:
+        return CycleResult(pending=len(decided.pending))
+    return _apply_plan_locked(decided, now=now)
+
+
+@transaction.atomic
+def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
+    result = CycleResult(pending=len(decided.pending))
+    touched = sorted({s.gpu_id for p in decided.placements for s in p.shares})
+    # Lock the GPU rows in a fixed order, then read what is allocated on them now.
+    locked: dict[int, _LockedGpu] = {}
+    for gpu_row in _LOCK_GPUS.rows(gpu_ids=touched):
+        pk, node_id, name, node_state, fenced, model_id, health, sharing, factor, memory = gpu_row
         locked[pk] = _LockedGpu(
             node_id=node_id,
             node_name=name,
@@ -522,24 +601,22 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
         )
     used: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
-    for gpu_id, share, mem in Allocation.objects.filter(
-        gpu_id__in=touched, ended_at__isnull=True
-    ).values_list("gpu_id", "share_milli", "memory_mib"):
-        used[gpu_id] += share
-        used_mem[gpu_id] += mem
     # The cycle's `now` was read before its snapshot: a job that ended after that instant (and
     # so freed its GPU for this plan) must not overlap the allocation that follows it.
-    ended_since = Allocation.objects.filter(gpu_id__in=touched, ended_at__gt=now).aggregate(
-        last=Max("ended_at")
-    )["last"]
-    now = max(now, ended_since or now)
+    ended_since = now
+    for gpu_id, share, mem, ended_at in _ALLOCATIONS_ON_GPUS.rows(gpu_ids=touched, now=now):
+        if ended_at is None:
+            used[gpu_id] += share
+            used_mem[gpu_id] += mem
+        else:
+            ended_since = max(ended_since, ended_at)
+    now = ended_since
 
     placing = {
         pk: (attempt, borrowed, job_state)
-        for pk, attempt, borrowed, job_state in Job.objects.select_for_update(of=("self",))
-        .filter(pk__in=[p.job_id for p in decided.placements], state=JobState.QUEUED)
-        .order_by("pk")
-        .values_list("pk", "attempt", "borrowed", "state")
+        for pk, attempt, borrowed, job_state in _LOCK_QUEUED_JOBS.rows(
+            job_ids=[p.job_id for p in decided.placements]
+        )
     }
     new_allocations: list[tuple[Any, ...]] = []
     scheduled: list[tuple[Any, ...]] = []
@@ -632,8 +709,6 @@ def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleRes
             update_fields=("preempt_deadline",),
         )
         result.preempted.append(victim.pk)
-
-    result.pending = len(decided.pending)
     return result
 
 
@@ -660,14 +735,29 @@ def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
     )
 
 
-@transaction.atomic
+_OVERDUE_PREEMPTION = CompiledQuery(
+    lambda cutoff: Job.objects.filter(
+        state=JobState.PREEMPTING, preempt_deadline__lt=cutoff
+    ).values_list("pk")[:1]
+)
+
+
 def expire_stale_preemptions(*, now: datetime) -> list[int]:
     """Preempting jobs whose agent never confirmed the stop: requeue them once well past grace.
 
     The node's agent kills anything the portal no longer assigns to it, so the GPUs are free.
+    Most cycles find none, which one unlocked read tells without opening a transaction.
     """
+    cutoff = now - timedelta(seconds=60)
+    if not _OVERDUE_PREEMPTION.rows(cutoff=cutoff):
+        return []
+    return _requeue_overdue_preemptions(cutoff)
+
+
+@transaction.atomic
+def _requeue_overdue_preemptions(cutoff: datetime) -> list[int]:
     overdue = Job.objects.select_for_update().filter(
-        state=JobState.PREEMPTING, preempt_deadline__lt=now - timedelta(seconds=60)
+        state=JobState.PREEMPTING, preempt_deadline__lt=cutoff
     )
     requeued = []
     for job in overdue:

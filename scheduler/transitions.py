@@ -10,9 +10,10 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from portal.db import bulk_update_rows, insert_rows
+from portal.db import AnyOf, CompiledQuery, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import hooks
@@ -121,6 +122,14 @@ def job_transition(
     return job
 
 
+# The nodes of the jobs' active allocations (compiled once: the cycle asks every placement).
+_ACTIVE_JOB_NODES = CompiledQuery(
+    lambda job_ids: Allocation.objects.filter(
+        AnyOf(F("job_id"), job_ids), ended_at__isnull=True
+    ).values_list("job_id", "node_id")
+)
+
+
 def jobs_transition_bulk(
     *,
     rows: Sequence[tuple[Any, ...]],
@@ -177,11 +186,7 @@ def jobs_transition_bulk(
     insert_rows(JobEvent, JOB_EVENT_FIELDS, events)
     if moved_on_nodes or (placed and hooks.allocation_listeners()):
         # the caller created the placed jobs' allocations before this call
-        pairs = list(
-            Allocation.objects.filter(
-                job_id__in={*moved_on_nodes, *placed}, ended_at__isnull=True
-            ).values_list("job_id", "node_id")
-        )
+        pairs = _ACTIVE_JOB_NODES.rows(job_ids=[*{*moved_on_nodes, *placed}])
         moved, started = set(moved_on_nodes), set(placed)
         assignments_changed({node for job, node in pairs if job in moved})
         if started:

@@ -268,11 +268,12 @@ class ClusterState:
         return out
 
     def model_memory(self) -> dict[str, int]:
+        """The largest memory of each model's GPUs (one array pass per model, not per GPU)."""
         mem: dict[str, int] = {}
-        rows, cols = np.nonzero(self.gpu_model >= 0)
-        for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
-            m = self.models[int(self.gpu_model[r, c])]
-            mem[m] = max(mem.get(m, 0), int(self.gpu_mem[r, c]))
+        for i, m in enumerate(self.models):
+            of_model = self.gpu_model == i
+            if of_model.any():
+                mem[m] = max(0, int(self.gpu_mem[of_model].max()))
         return mem
 
     def gpu_model_ok(self, model_ok: BoolArray) -> BoolArray:
