@@ -47,23 +47,24 @@ def _preemptible_offer(spec: JobSpec) -> str:
     return f"Resubmit it as preemptible ({model.name} at ${rate}/GPU-hour on idle GPUs; it may be stopped)"
 
 
+_STANDING = CompiledQuery(
+    lambda project_id: Project.objects.filter(pk=project_id).values_list(
+        "billing__account__payment_failed_at",
+        "budget__monthly_amount",
+        "budget__hard_cap",
+        "budget__preemptible_allowance_percent",
+    )
+)
+
+
 def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict | None:
     """Admission hook (SCHEDULER_ADMISSION_CHECKS).
 
     The account's payment standing and the project's budget come in one statement: this runs
     for every submission.
     """
-    row = (
-        Project.objects.filter(pk=project.pk)
-        .values_list(
-            "billing__account__payment_failed_at",
-            "budget__monthly_amount",
-            "budget__hard_cap",
-            "budget__preemptible_allowance_percent",
-        )
-        .first()
-    )
-    payment_failed_at, monthly_amount, hard_cap, allowance = row or (None, None, None, None)
+    rows = _STANDING.rows(project_id=project.pk)
+    payment_failed_at, monthly_amount, hard_cap, allowance = rows[0] if rows else (None,) * 4
     cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
     if payment_failed_at is not None and payment_failed_at <= cutoff:
         return Verdict(
