@@ -22,12 +22,12 @@ class ReusedClientRedisCacheClient(django_redis.RedisCacheClient):
         self._clients: dict[int, redis.Redis] = {}
 
     def get_client(self, key: Any = None, *, write: bool = False) -> redis.Redis:
-        index = self._get_connection_pool_index(write)
+        # The private helpers are Django's own (django-stubs leaves them out).
+        index = self._get_connection_pool_index(write)  # type: ignore[attr-defined]
         client = self._clients.get(index)
         if client is None:
-            client = self._clients[index] = self._client(
-                connection_pool=self._get_connection_pool(write)
-            )
+            pool = self._get_connection_pool(write)  # type: ignore[attr-defined]
+            client = self._clients[index] = redis.Redis(connection_pool=pool)
         return client
 
 
