@@ -36,15 +36,18 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(count), PERIODS[period]
 
 
+def window_of(key: str, period: int, *, now: float | None = None) -> tuple[str, int]:
+    """The cache key counting `key`'s hits in the current window, and seconds until it ends."""
+    now = clock() if now is None else now
+    return f"rl:{key}:{int(now // period)}", max(1, math.ceil(period - now % period))
+
+
 def window_hit(key: str, period: int, *, now: float | None = None) -> tuple[int, int]:
     """Count one hit for `key` in the current `period`-second window.
 
     Returns (hits in this window so far, seconds until the window ends). One round trip on Redis.
     """
-    now = clock() if now is None else now
-    window = int(now // period)
-    retry_after = max(1, math.ceil(period - now % period))
-    window_key = f"rl:{key}:{window}"
+    window_key, retry_after = window_of(key, period, now=now)
     cache = caches["default"]  # the backend itself, not the proxy, to reach its Redis client
     if isinstance(cache, RedisCache):
         full_key = cache.make_and_validate_key(window_key)

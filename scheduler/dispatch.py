@@ -25,7 +25,8 @@ _HOLDS_GPUS = frozenset(
 )
 
 
-def _key(node_id: int) -> str:
+def version_key(node_id: int | str) -> str:
+    """The cache key of the node's assignment version (a str id: a template, see agent_api.gate)."""
     return f"scheduler:assignments:{node_id}"
 
 
@@ -38,20 +39,20 @@ def changes_assignments(from_state: str, to_state: str) -> bool:
 
 def assignments_changed(node_ids: Iterable[int]) -> None:
     """Drop these nodes' versions once the current transaction commits (at once outside one)."""
-    keys = sorted({_key(pk) for pk in node_ids})
+    keys = sorted({version_key(pk) for pk in node_ids})
     if keys:
         transaction.on_commit(lambda: cache.delete_many(keys))
 
 
 def assignments_version(node_id: int) -> str | None:
     """The node's current version, or None when there is none (changed, or expired)."""
-    version = cache.get(_key(node_id))
+    version = cache.get(version_key(node_id))
     return version if isinstance(version, str) else None
 
 
 def assignments_version_mint(node_id: int) -> str:
     """The version to answer a full read with. Call it before reading the assignments."""
     version = secrets.token_hex(8)
-    if cache.add(_key(node_id), version, timeout=VERSION_TTL_S):
+    if cache.add(version_key(node_id), version, timeout=VERSION_TTL_S):
         return version
     return assignments_version(node_id) or version

@@ -41,14 +41,15 @@ def agent_token_hash(raw: str) -> str:
 AGENT_TOKEN_TTL_S = 30  # how long a token's node is remembered in the cache
 
 
-def _agent_token_key(token_hash: str) -> str:
+def agent_token_key(token_hash: str) -> str:
+    """The cache key remembering which node a token hash names."""
     return f"scheduler:agent-token:{token_hash}"
 
 
 def agent_token_forget(token_hash: str) -> None:
     """The cache stops vouching for this token hash (issued anew, node retired)."""
     if token_hash:
-        cache.delete(_agent_token_key(token_hash))
+        cache.delete(agent_token_key(token_hash))
 
 
 @transaction.atomic
@@ -87,7 +88,7 @@ def node_id_for_agent_token(raw: str) -> tuple[int, str] | None:
     if not raw.startswith(AGENT_TOKEN_PREFIX) or len(raw) > 200:
         return None
     token_hash = agent_token_hash(raw)
-    key = _agent_token_key(token_hash)
+    key = agent_token_key(token_hash)
     node_id = cache.get(key)
     if not isinstance(node_id, int):
         node = node_for_agent_token_hash(token_hash)

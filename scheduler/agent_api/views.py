@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -21,6 +22,7 @@ from portal.api.schema import PortalAutoSchema, StrictJSONParser
 from portal.api.serializers import StrictSerializer
 from portal.ratelimit import FixedWindowMixin
 from scheduler import dispatch, nodes
+from scheduler.agent_api import gate
 from scheduler.models import Node
 
 
@@ -29,16 +31,19 @@ class AgentPrincipal:
 
     Authentication only looks up which node a token names (remembered in the cache, so a poll
     that finds nothing new costs no SQL); `node` loads the node and checks the token again in
-    the database, so whatever reads or writes the node's data is checked there.
+    the database, so whatever reads or writes the node's data is checked there. The same
+    round trip to the cache counted the request against the node's throttle and read its
+    assignment version (`gate.agent_lookup`); `AgentThrottle` and `SyncView` use those.
     """
 
     is_authenticated = True
     is_staff = False
     is_active = True
 
-    def __init__(self, node_id: int, token_hash: str) -> None:
-        self.node_id = node_id
-        self._token_hash = token_hash
+    def __init__(self, found: gate.AgentLookup) -> None:
+        self.node_id = found.node_id
+        self._token_hash = found.token_hash
+        self.lookup = found
         self._node: Node | None = None
 
     @property
@@ -63,10 +68,10 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).decode("latin-1").split()
         if len(header) != 2 or header[0] != "Bearer":
             raise exceptions.NotAuthenticated("Send 'Authorization: Bearer <node token>'.")
-        found = nodes.node_id_for_agent_token(header[1])
+        found = gate.agent_lookup(header[1], throttle=AgentThrottle().window())
         if found is None:
             raise exceptions.AuthenticationFailed("Unknown or retired node token.")
-        return AgentPrincipal(*found), None
+        return AgentPrincipal(found), None
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"
@@ -86,15 +91,29 @@ class IsAgent(permissions.BasePermission):
 
 
 class AgentThrottle(FixedWindowMixin):
-    """Per node: a runaway agent cannot flood the portal."""
+    """Per node: a runaway agent cannot flood the portal.
+
+    The hit is counted during authentication, in the round trip that looks up the token
+    (`gate.agent_lookup`, with `window()`); here it is only compared with the limit.
+    """
 
     scope = "agent"
 
-    def get_cache_key(self, request: Request, view: Any) -> str | None:
-        user = request.user
-        if not isinstance(user, AgentPrincipal):
+    def window(self) -> gate.AgentThrottleWindow | None:
+        """The window authentication counts each node's hits in; None: agents are unlimited."""
+        if self.duration is None:
             return None
-        return self.cache_format % {"scope": self.scope, "ident": user.node_id}
+        key_template = self.cache_format % {"scope": self.scope, "ident": "%(ident)s"}
+        return gate.AgentThrottleWindow(key_template, self.duration)
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        user = request.user
+        if not isinstance(user, AgentPrincipal) or user.lookup.throttle_hits is None:
+            return True
+        if self.num_requests is None:
+            return True
+        self.retry_after = user.lookup.retry_after
+        return user.lookup.throttle_hits <= self.num_requests
 
 
 class AgentView(APIView):
@@ -274,6 +293,28 @@ class SyncSerializer(StrictSerializer):
     assignments = serializers.BooleanField(default=True)  # false: only the reports, no answer
 
 
+_SYNC_FIELDS = frozenset({"version", "reports", "assignments"})
+_SYNC_VERSION = re.compile(r"[0-9a-f]{1,64}")
+
+
+def _idle_sync(data: Any) -> dict[str, Any] | None:
+    """What `SyncSerializer` makes of a sync without reports, found without building one (the
+    agents' most frequent request); None for anything else, which the serializer parses."""
+    if not isinstance(data, dict) or not data.keys() <= _SYNC_FIELDS:
+        return None
+    version, assignments = data.get("version"), data.get("assignments", True)
+    if data.get("reports", []) != [] or not isinstance(assignments, bool):
+        return None
+    if version is not None and not (
+        isinstance(version, str) and (version == "" or _SYNC_VERSION.fullmatch(version))
+    ):
+        return None
+    parsed: dict[str, Any] = {"reports": [], "assignments": assignments}
+    if "version" in data:
+        parsed["version"] = version
+    return parsed
+
+
 def _parse(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
     body = serializer_class(data=request.data)
     body.is_valid(raise_exception=True)
@@ -324,7 +365,7 @@ class SyncView(AgentView):
 
     @extend_schema(request=SyncSerializer, responses={200: dict})
     def post(self, request: Request) -> Response:
-        data = _parse(SyncSerializer, request)
+        data = _idle_sync(request.data) or _parse(SyncSerializer, request)
         agent: AgentPrincipal = request.user  # type: ignore[assignment]
         results = (
             nodes.agent_reports_apply(node=self.node, reports=data["reports"])
@@ -334,7 +375,14 @@ class SyncView(AgentView):
         if not data["assignments"]:
             return Response({"results": results})
         version = data.get("version")
-        if version and dispatch.assignments_version(agent.node_id) == version:
+        # The version read with the token holds unless reports were applied since: they may
+        # have changed the assignments, so it is read again after them.
+        current = (
+            dispatch.assignments_version(agent.node_id)
+            if results
+            else agent.lookup.assignments_version
+        )
+        if version and current == version:
             return Response({"unchanged": True, "version": version, "results": results})
         version = dispatch.assignments_version_mint(agent.node_id)  # before reading, see dispatch
         node = agent.fresh_node()

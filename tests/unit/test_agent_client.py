@@ -29,12 +29,23 @@ TOKEN = "node-token-s3cr3t"
 class Scripted:
     """A loopback HTTP server answering from a script of (status, body) replies."""
 
-    def __init__(self, replies: list[tuple[int, Any]], port: int = 0) -> None:
+    def __init__(
+        self, replies: list[tuple[int, Any]], port: int = 0, *, keep_alive: bool = False
+    ) -> None:
+        """`keep_alive`: HTTP/1.1, the connection kept open after each answer."""
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []
+        self.connections = 0
+        self.drop_after_answer = False  # close a kept-alive connection, as an idle timeout does
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:
+                outer.connections += 1
+                super().setup()
+
             def _reply(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
@@ -53,6 +64,9 @@ class Scripted:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+                self.wfile.flush()
+                if outer.drop_after_answer:
+                    self.close_connection = True  # without saying so: the client finds out
 
             do_GET = do_POST = _reply
 
@@ -75,8 +89,8 @@ class Scripted:
 def serve() -> Iterator[Callable[..., Scripted]]:
     servers: list[Scripted] = []
 
-    def start(replies: list[tuple[int, Any]], port: int = 0) -> Scripted:
-        s = Scripted(replies, port)
+    def start(replies: list[tuple[int, Any]], port: int = 0, **kw: Any) -> Scripted:
+        s = Scripted(replies, port, **kw)
         servers.append(s)
         return s
 
@@ -153,9 +167,35 @@ def test_409_is_a_conflict_with_its_detail(serve: Callable[..., Scripted]) -> No
 def test_connection_refused_is_retried_then_given_up() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
-    with pytest.raises(PortalUnavailable, match=r"ConnectionError.*3 attempts"):
+    with pytest.raises(PortalUnavailable, match=r"ConnectionRefusedError.*3 attempts"):
         client_for(url).assignments(attempts=3)
     assert time.monotonic() - started < 2.0
+
+
+def test_requests_share_one_kept_alive_connection(serve: Callable[..., Scripted]) -> None:
+    server = serve([], keep_alive=True)
+    client = client_for(server.url)
+    for _ in range(5):
+        assert client.sync({"version": "ab", "reports": []}) == {"ok": True}
+    assert len(server.requests) == 5
+    assert server.connections == 1
+
+
+def test_a_connection_the_portal_closed_while_idle_is_reopened_without_a_retry(
+    serve: Callable[..., Scripted], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle timeout on the portal's side (gunicorn's keepalive) is not a failure: the next
+    request goes out on a new connection at once, not after a backoff and a warning."""
+    server = serve([], keep_alive=True)
+    server.drop_after_answer = True
+    client = client_for(server.url, backoff_initial_s=5, backoff_max_s=5)
+    started = time.monotonic()
+    for _ in range(3):
+        time.sleep(0.05)  # the server has closed its end by now
+        assert client.heartbeat({"telemetry": [], "running": []}) == {"ok": True}
+    assert time.monotonic() - started < 2.0
+    assert server.connections == 3
+    assert "retry" not in caplog.text
 
 
 def test_rides_out_a_portal_restart(serve: Callable[..., Scripted]) -> None:
