@@ -10,9 +10,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.cache import cache
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from portal.db import CompiledQuery
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
@@ -42,6 +44,23 @@ class CatalogFilter:
                 f"precision must be one of: {', '.join(PRECISIONS)}.", field="precision"
             )
         return cls(min_memory_gb=min_memory_gb, precision=precision)
+
+
+_ACTIVE_MODEL_NAMED = CompiledQuery(
+    lambda name: GpuModel.objects.filter(is_active=True, name=name).values_list(
+        *(f.attname for f in GpuModel._meta.concrete_fields)
+    )
+)
+
+
+def gpu_model_active(name: str) -> GpuModel | None:
+    """The catalog's active GPU model of that name, or None. Compiled once: every submission
+    that names a model asks."""
+    rows = _ACTIVE_MODEL_NAMED.rows(name=name)
+    if not rows:
+        return None
+    names = [f.attname for f in GpuModel._meta.concrete_fields]
+    return GpuModel.from_db(DEFAULT_DB_ALIAS, names, rows[0])
 
 
 def gpu_models_meeting(*, min_memory_gb: int = 0, precisions: Iterable[str] = ()) -> list[GpuModel]:

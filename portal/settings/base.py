@@ -191,6 +191,11 @@ CELERY_TASK_SOFT_TIME_LIMIT = 540
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TIMEZONE = "UTC"
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set: a new PostgreSQL backend for every scheduling cycle. Set, it closes them only
+# every 2 × this many tasks; `portal/celery.py` closes them as Django does after a request
+# (past CONN_MAX_AGE, or unusable), so with CONN_MAX_AGE = 0 that is still after every task.
+CELERY_DB_REUSE_MAX = 1_000_000
 
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="GPU Cloud <billing@gpucloud.example>")

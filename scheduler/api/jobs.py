@@ -39,12 +39,16 @@ STATE_LIST_PATTERN = f"^(({_STATE})(,({_STATE}))*)?$"  # empty: no filter
 
 
 class CatalogModelField(serializers.SlugRelatedField):  # type: ignore[type-arg]
-    """A GPU model by name; a name PostgreSQL cannot even compare (NUL) is simply unknown."""
+    """An active GPU model by name (one compiled query); a name PostgreSQL cannot even
+    compare (NUL) is simply unknown."""
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, str) and "\x00" in data:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        model = None if "\x00" in data else selectors.gpu_model_active(data)
+        if model is None:
             self.fail("does_not_exist", slug_name=self.slug_field, value=data)
-        return super().to_internal_value(data)
+        return model
 
 
 class JobCreateSerializer(StrictSerializer):

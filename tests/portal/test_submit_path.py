@@ -140,3 +140,31 @@ def test_budget_standing_is_one_statement_and_says_what_the_rules_say(
     account.save()
     verdict = budget_check(project=project, spec=spec, now=now)
     assert verdict is not None and verdict.admit
+
+
+def test_the_compiled_catalog_lookup_reads_what_the_orm_reads(fleet):
+    from django.forms.models import model_to_dict
+
+    from scheduler.models import GpuModel
+    from scheduler.selectors import gpu_model_active
+
+    h100 = GpuModel.objects.get(name="H100-80GB-SXM")
+    found = gpu_model_active("H100-80GB-SXM")
+    assert found is not None and found.pk == h100.pk and not found._state.adding
+    assert model_to_dict(found) == model_to_dict(h100)
+    assert gpu_model_active("no-such-gpu") is None
+    GpuModel.objects.filter(pk=h100.pk).update(is_active=False)
+    assert gpu_model_active("H100-80GB-SXM") is None  # retired from the catalog: at once
+
+
+def test_a_retired_or_unknown_model_is_a_400_naming_the_field(team, fleet, api):
+    from scheduler.models import GpuModel
+
+    client = api(team["member"])
+    body = {"project": "alpha", "name": "x", "command": "true", "gpu_model": "H100-80GB-SXM"}
+    assert client.post("/api/v1/jobs", body, format="json").status_code == 201
+    GpuModel.objects.filter(name="H100-80GB-SXM").update(is_active=False)
+    for model in ["H100-80GB-SXM", "no-such-gpu", 42]:
+        resp = client.post("/api/v1/jobs", dict(body, gpu_model=model), format="json")
+        assert resp.status_code == 400, model
+        assert set(resp.json()) == {"gpu_model"}
