@@ -129,7 +129,7 @@ class Agent:
                 except Exception:  # a bug in one round must not take the node's work down
                     log.exception("unexpected error in the agent loop; carrying on")
                     stop.wait(1.0)
-                stop.wait(self.config.tick_s)
+                stop.wait(self.pause())
         finally:
             self.shutdown()
 
@@ -225,6 +225,14 @@ class Agent:
         log.info("agent stopped")
 
     # -- the loop ------------------------------------------------------------------------------
+
+    def pause(self) -> float:
+        """How long to wait before the next round: a tick at most, less when the next poll or
+        heartbeat falls due sooner, so those keep their intervals instead of being rounded up
+        to whole ticks (a 0.5 s poll on 0.2 s ticks would be 0.6 s). Never before the next
+        contact a backoff allows."""
+        due = max(min(self._next_poll, self._next_heartbeat), self._next_contact)
+        return min(self.config.tick_s, max(0.005, due - time.monotonic()))
 
     def tick(self) -> None:
         """One round: reap and ship, then whatever contact with the portal is due."""

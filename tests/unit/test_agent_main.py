@@ -555,3 +555,29 @@ def test_main_runs_until_sigterm(portal: FakePortal, tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert "registered as node node-1" in err and "SIGTERM received" in err
     assert TOKEN not in err
+
+
+def test_the_pause_between_rounds_keeps_the_poll_interval(tmp_path: Path) -> None:
+    """Ticks do not round the poll interval up: the pause ends when the next poll is due."""
+    agent = Agent(
+        Config(
+            portal_url="http://127.0.0.1:9",
+            token=TOKEN,
+            workdir=tmp_path,
+            simulate=True,
+            sim_gpus="1xH100-80GB-SXM",
+            poll_interval_s=0.5,
+            heartbeat_interval_s=5,
+            tick_s=0.2,
+        )
+    )
+    now = time.monotonic()
+    agent._next_contact, agent._next_heartbeat = 0.0, now + 5
+    agent._next_poll = now + 0.1
+    assert 0.05 < agent.pause() <= 0.1  # the poll falls due within the tick
+    agent._next_poll = now + 3
+    assert agent.pause() == pytest.approx(0.2)  # nothing due: a whole tick
+    agent._next_poll = now - 1
+    assert 0 < agent.pause() <= 0.005  # overdue: go round at once
+    agent._next_contact = now + 0.15  # backing off: not before the next contact
+    assert 0.1 < agent.pause() <= 0.15
