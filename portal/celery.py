@@ -16,7 +16,10 @@ app.autodiscover_tasks()
 
 @task_prerun.connect
 @task_postrun.connect
-def close_connections_past_their_age(**_kwargs: Any) -> None:
+def close_connections_past_their_age(task: Any = None, **_kwargs: Any) -> None:
     """Around each task, what Django does around each request: a connection older than
-    CONN_MAX_AGE, or one left unusable, is closed; the others serve the next task."""
+    CONN_MAX_AGE, or one left unusable, is closed; the others serve the next task. Not for an
+    eager task (`apply()`): it runs in its caller's thread, on the caller's connection."""
+    if task is not None and getattr(task.request, "is_eager", False):
+        return
     close_old_connections()

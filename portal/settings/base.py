@@ -76,6 +76,10 @@ DATABASES["default"]["ATOMIC_REQUESTS"] = False
 # 0 (a connection per request) unless the deployment sets it; production defaults to 60 s.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if env.bool("DB_PREPARED", default=False):
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        server_side_binding=True, prepare_threshold=5
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL", default="")

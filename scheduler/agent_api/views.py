@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
@@ -315,6 +315,117 @@ def _idle_sync(data: Any) -> dict[str, Any] | None:
     return parsed
 
 
+_INT64_MAX = 2**63 - 1
+_NUMBER_RANGES = {"utilization": (0, 100), "temperature_c": (-50, 200), "power_w": (0, 5000)}
+_TELEMETRY_FIELDS = frozenset(TelemetrySerializer._declared_fields)
+_RUNNING_FIELDS = frozenset(RunningSerializer._declared_fields)
+_PROCESS_FIELDS = frozenset(ProcessSerializer._declared_fields)
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return type(value) is int and 0 <= value <= _INT64_MAX
+
+
+def _plain_text(value: Any, max_length: int, *, blank: bool) -> bool:
+    """A string DRF's CharField keeps as it is (ASCII, nothing to trim, no NUL)."""
+    return (
+        type(value) is str
+        and (blank or value != "")
+        and len(value) <= max_length
+        and value.isascii()
+        and "\x00" not in value
+    )
+
+
+def _plain_telemetry(record: Any) -> dict[str, Any] | None:
+    """What `TelemetrySerializer` makes of one sample, or None where it might differ."""
+    if type(record) is not dict or not record.keys() <= _TELEMETRY_FIELDS:
+        return None
+    uuid = record.get("uuid")
+    if not _plain_text(uuid, 64, blank=False):
+        return None
+    out: dict[str, Any] = {"uuid": uuid}
+    for name, (low, high) in _NUMBER_RANGES.items():
+        if name in record:
+            value = record[name]
+            if value is not None and not (type(value) in (int, float) and low <= value <= high):
+                return None
+            out[name] = None if value is None else float(value)
+    for name in ("memory_used_mib", "ecc_uncorrected"):
+        if name in record:
+            if record[name] is not None and not _count(record[name]):
+                return None
+            out[name] = record[name]
+    if "row_remap_pending" in record:
+        if record["row_remap_pending"] not in (None, True, False):
+            return None
+        out["row_remap_pending"] = record["row_remap_pending"]
+    if "xid_events" in record:
+        xids = record["xid_events"]
+        if type(xids) is not list or len(xids) > 100 or not all(_count(x) for x in xids):
+            return None
+        out["xid_events"] = list(xids)
+    if "throttle_reasons" in record:
+        reasons = record["throttle_reasons"]
+        if type(reasons) is not list or len(reasons) > 32:
+            return None
+        if not all(_plain_text(r, 64, blank=True) and r == r.strip() for r in reasons):
+            return None
+        out["throttle_reasons"] = list(reasons)
+    if "processes" in record:
+        processes = []
+        for process in record["processes"] if type(record["processes"]) is list else [None]:
+            if type(process) is not dict or not process.keys() <= _PROCESS_FIELDS:
+                return None
+            if not _count(process.get("pid")):
+                return None
+            used = process.get("used_memory_mib", 0)
+            if used is not None and not _count(used):
+                return None
+            processes.append(dict(process))
+        out["processes"] = processes
+    lost = record.get("lost", False)
+    if type(lost) is not bool:
+        return None
+    out["lost"] = lost
+    if "age_s" in record:
+        age = record["age_s"]
+        if not (type(age) in (int, float) and 0 <= age <= 600):
+            return None
+        out["age_s"] = float(age)
+    return out
+
+
+def _plain_heartbeat(data: Any) -> dict[str, Any] | None:
+    """What `HeartbeatSerializer` makes of a heartbeat as agents send it, found without
+    building a serializer per sample (a node sends 40 of them every few seconds); None for
+    anything else, which the serializer parses and, if need be, explains."""
+    if type(data) is not dict or data.keys() != {"telemetry", "running"}:
+        return None
+    telemetry, running = data["telemetry"], data["running"]
+    if type(telemetry) is not list or len(telemetry) > 2048:
+        return None
+    if type(running) is not list or len(running) > 1000:
+        return None
+    samples = []
+    for record in telemetry:
+        sample = _plain_telemetry(record)
+        if sample is None:
+            return None
+        samples.append(sample)
+    attempts = []
+    for entry in running:
+        if type(entry) is not dict or not entry.keys() <= _RUNNING_FIELDS:
+            return None
+        job_id, attempt, pid = entry.get("job_id"), entry.get("attempt"), entry.get("pid", 0)
+        if not (_count(job_id) and job_id >= 1 and _count(attempt)):
+            return None
+        if pid is not None and not _count(pid):
+            return None
+        attempts.append(dict(entry))
+    return {"telemetry": samples, "running": attempts}
+
+
 def _parse(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
     body = serializer_class(data=request.data)
     body.is_valid(raise_exception=True)
@@ -340,7 +451,7 @@ class RegisterView(AgentView):
 class HeartbeatView(AgentView):
     @extend_schema(request=HeartbeatSerializer, responses={200: dict})
     def post(self, request: Request) -> Response:
-        data = _parse(HeartbeatSerializer, request)
+        data = _plain_heartbeat(request.data) or _parse(HeartbeatSerializer, request)
         node = nodes.node_heartbeat(
             node=self.node, telemetry=data["telemetry"], running=data["running"]
         )

@@ -1,0 +1,100 @@
+"""The heartbeat's plain parser agrees with HeartbeatSerializer wherever it answers.
+
+Agents send a heartbeat every few seconds with dozens of samples; building a serializer per
+sample was half of the heartbeat's CPU. `_plain_heartbeat` parses what agents send and leaves
+everything else (odd types, out of range, unknown fields) to the serializer, which explains
+what is wrong. Compared as JSON text, so that 50 and 50.0 count as different answers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.gpus import TELEMETRY_KEYS, SimulatedBackend
+from scheduler.agent_api.views import HeartbeatSerializer, _plain_heartbeat
+
+_odd = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.sampled_from([0.5, 99.9, 100, 101, 600.0, 601, -51, 2**63, 1e308, float("nan")])
+    | st.text(max_size=3)
+    | st.sampled_from(["", " x", "x\x00", "é", "GPU-1", "x" * 65, "true"])
+    | st.just([])
+)
+_process = st.dictionaries(st.sampled_from(["pid", "used_memory_mib", "other"]), _odd, max_size=3)
+_sample = st.fixed_dictionaries(
+    {"uuid": st.sampled_from(["GPU-1", "GPU-2"]) | _odd},
+    optional={
+        "utilization": _odd,
+        "memory_used_mib": _odd,
+        "temperature_c": _odd,
+        "power_w": _odd,
+        "ecc_uncorrected": _odd,
+        "row_remap_pending": _odd,
+        "xid_events": st.lists(_odd, max_size=3) | _odd,
+        "throttle_reasons": st.lists(_odd, max_size=3) | _odd,
+        "processes": st.lists(_process, max_size=2) | _odd,
+        "lost": _odd,
+        "age_s": _odd,
+        "unknown": _odd,
+    },
+)
+_running = st.dictionaries(st.sampled_from(["job_id", "attempt", "pid", "other"]), _odd, max_size=4)
+_heartbeats = st.fixed_dictionaries(
+    {"telemetry": st.lists(_sample, max_size=3), "running": st.lists(_running, max_size=2)},
+    optional={"other": _odd},
+)
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=True)
+
+
+def serializer_answer(body: Any) -> Any:
+    serializer = HeartbeatSerializer(data=body)
+    assert serializer.is_valid(), serializer.errors
+    return json.loads(json.dumps(serializer.validated_data))  # nested OrderedDicts to dicts
+
+
+@settings(max_examples=600, deadline=None)
+@given(_heartbeats)
+def test_the_plain_parser_agrees_with_the_serializer(body):
+    parsed = _plain_heartbeat(body)
+    if parsed is None:
+        return  # the serializer's to decide
+    assert as_json(parsed) == as_json(serializer_answer(body))
+
+
+def test_it_parses_what_the_agent_sends():
+    backend = SimulatedBackend("8xH100-80GB-SXM", hostname="n1", seed=3)
+    busy = backend.sample(set())[0]["uuid"]  # one GPU runs a job's process
+    samples = [
+        {**{k: record.get(k) for k in TELEMETRY_KEYS}, "age_s": age}  # as agent.main sends
+        for age in (4, 3, 2, 1, 0)
+        for record in backend.sample({busy}, {busy: [4242]})
+    ]
+    body = {"telemetry": samples, "running": [{"job_id": 7, "attempt": 1, "pid": 4242}]}
+    parsed = _plain_heartbeat(json.loads(json.dumps(body)))
+    assert parsed is not None and len(parsed["telemetry"]) == 40
+    assert as_json(parsed) == as_json(serializer_answer(body))
+
+
+def test_it_leaves_the_odd_ones_to_the_serializer():
+    ok = {"uuid": "GPU-1", "utilization": 50}
+    assert _plain_heartbeat({"telemetry": [ok], "running": []}) is not None
+    for odd in [
+        {"telemetry": [ok]},  # running missing
+        {"telemetry": [dict(ok, utilization=True)], "running": []},  # a bool is no number
+        {"telemetry": [dict(ok, utilization=101)], "running": []},
+        {"telemetry": [dict(ok, uuid="")], "running": []},
+        {"telemetry": [dict(ok, gpu="x")], "running": []},  # unknown field
+        {"telemetry": [ok], "running": [{"job_id": 0, "attempt": 1}]},
+        {"telemetry": [ok], "running": [], "extra": 1},
+        [ok],
+    ]:
+        assert _plain_heartbeat(odd) is None, odd
