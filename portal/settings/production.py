@@ -1,12 +1,13 @@
 """Production: every secret from the environment, HTTPS only, PostgreSQL and Redis required."""
 
 from portal.settings.base import *  # noqa: F403
-from portal.settings.base import env
+from portal.settings.base import env, prepared_statements
 
 DEBUG = False
 DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+prepared_statements(DATABASES["default"])
 
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
