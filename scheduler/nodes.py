@@ -14,11 +14,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from portal.audit import audit_record
+from portal.db import CompiledQuery
 from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler import health, hooks
@@ -71,12 +72,33 @@ def node_for_agent_token(raw: str) -> Node | None:
     return node_for_agent_token_hash(agent_token_hash(raw))
 
 
+_NODE_COLUMNS = [f.attname for f in Node._meta.concrete_fields]
+# Compiled once (`CompiledQuery`): every agent request that touches its node's data asks.
+_NODE_BY_TOKEN = CompiledQuery(
+    lambda token_hash: (
+        Node.objects.filter(agent_token_hash=token_hash)
+        .exclude(state=Node.State.RETIRED)
+        .order_by("pk")
+        .values_list(*_NODE_COLUMNS)[:1]
+    )
+)
+_NODE_BY_TOKEN_AND_ID = CompiledQuery(
+    lambda token_hash, node_id: (
+        Node.objects.filter(agent_token_hash=token_hash, pk=node_id)
+        .exclude(state=Node.State.RETIRED)
+        .values_list(*_NODE_COLUMNS)[:1]
+    )
+)
+
+
 def node_for_agent_token_hash(token_hash: str, node_id: int | None = None) -> Node | None:
     """The node this token hash belongs to, read from the database (not retired)."""
-    nodes = Node.objects.filter(agent_token_hash=token_hash).exclude(state=Node.State.RETIRED)
-    if node_id is not None:
-        nodes = nodes.filter(pk=node_id)
-    return nodes.first()
+    rows = (
+        _NODE_BY_TOKEN.rows(token_hash=token_hash)
+        if node_id is None
+        else _NODE_BY_TOKEN_AND_ID.rows(token_hash=token_hash, node_id=node_id)
+    )
+    return Node.from_db(DEFAULT_DB_ALIAS, _NODE_COLUMNS, rows[0]) if rows else None
 
 
 def node_id_for_agent_token(raw: str) -> tuple[int, str] | None:
@@ -321,51 +343,88 @@ def _apply_health(node: Node, gpu: Gpu, assessment: health.Assessment) -> None:
         )
 
 
+_ASSIGNED = CompiledQuery(
+    lambda node_id: (
+        Allocation.objects.filter(
+            node_id=node_id,
+            ended_at__isnull=True,
+            job__state__in=[
+                JobState.SCHEDULED,
+                JobState.STARTING,
+                JobState.RUNNING,
+                JobState.PREEMPTING,
+            ],
+        )
+        .order_by("job_id", "gpu__index")
+        .values_list(
+            "job_id",
+            "share_milli",
+            "memory_mib",
+            "gpu__uuid",
+            "job__attempt",
+            "job__state",
+            "job__command",
+            "job__env",
+            "job__checkpoint_dir",
+            "job__resume",
+            "job__shard_index",
+            "job__shard_count",
+            "job__working_dir",
+            "job__grace_seconds",
+        )
+    )
+)
+
+
 def assignments_for(node: Node) -> list[dict[str, Any]]:
-    """What the node must run or stop: jobs with active allocations on it."""
+    """What the node must run or stop: jobs with active allocations on it (one compiled
+    query: every agent reads this whenever its assignments change)."""
     if node.fenced:
         return []
-    allocs = (
-        Allocation.objects.filter(node=node, ended_at__isnull=True)
-        .select_related("job", "gpu")
-        .order_by("job_id", "gpu__index")
-    )
-    by_job: dict[int, list[Allocation]] = {}
-    for a in allocs:
-        by_job.setdefault(a.job_id, []).append(a)
+    by_job: dict[int, list[tuple[Any, ...]]] = {}
+    for row in _ASSIGNED.rows(node_id=node.pk):
+        by_job.setdefault(row[0], []).append(row)
     out = []
-    for allocations in by_job.values():
-        job = allocations[0].job
-        if job.state not in (
-            JobState.SCHEDULED,
-            JobState.STARTING,
-            JobState.RUNNING,
-            JobState.PREEMPTING,
-        ):
-            continue
-        env = {str(k): str(v) for k, v in job.env.items()}
-        env["JOB_ID"] = str(job.pk)
-        if job.checkpoint_dir:
-            env["CHECKPOINT_DIR"] = job.checkpoint_dir
-        env["RESUME"] = "1" if job.resume else "0"
-        if job.shard_index is not None:
-            env["SHARD_INDEX"] = str(job.shard_index)
-            env["SHARD_COUNT"] = str(job.shard_count or 1)
-        share = allocations[0].share_milli if len(allocations) == 1 else 1000
+    for job_id, rows in by_job.items():
+        (
+            _,
+            share,
+            memory_mib,
+            _,
+            attempt,
+            state,
+            command,
+            job_env,
+            checkpoint_dir,
+            resume,
+            shard_index,
+            shard_count,
+            working_dir,
+            grace_seconds,
+        ) = rows[0]
+        env = {str(k): str(v) for k, v in job_env.items()}
+        env["JOB_ID"] = str(job_id)
+        if checkpoint_dir:
+            env["CHECKPOINT_DIR"] = checkpoint_dir
+        env["RESUME"] = "1" if resume else "0"
+        if shard_index is not None:
+            env["SHARD_INDEX"] = str(shard_index)
+            env["SHARD_COUNT"] = str(shard_count or 1)
+        preempting = state == JobState.PREEMPTING
         out.append(
             {
-                "job_id": job.pk,
-                "attempt": job.attempt,
-                "action": "stop" if job.state == JobState.PREEMPTING else "run",
-                "stop_reason": "preempt" if job.state == JobState.PREEMPTING else None,
-                "command": job.command,
+                "job_id": job_id,
+                "attempt": attempt,
+                "action": "stop" if preempting else "run",
+                "stop_reason": "preempt" if preempting else None,
+                "command": command,
                 "env": env,
-                "gpu_uuids": [a.gpu.uuid for a in allocations],
-                "share_milli": min(share, 1000),
-                "gpu_memory_limit_mib": allocations[0].memory_mib or None,
-                "working_dir": job.working_dir or None,
-                "checkpoint_dir": job.checkpoint_dir or None,
-                "grace_seconds": job.grace_seconds,
+                "gpu_uuids": [row[3] for row in rows],
+                "share_milli": min(share if len(rows) == 1 else 1000, 1000),
+                "gpu_memory_limit_mib": memory_mib or None,
+                "working_dir": working_dir or None,
+                "checkpoint_dir": checkpoint_dir or None,
+                "grace_seconds": grace_seconds,
             }
         )
     return out
