@@ -15,11 +15,11 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from portal.audit import audit_record
-from portal.db import CompiledQuery
+from portal.db import AnyOf, CompiledQuery
 from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler import health, hooks
@@ -457,6 +457,23 @@ def job_started(*, node: Node, job_id: int, attempt: int, pid: int | None) -> Jo
     return job
 
 
+# Compiled once: every start an agent reports comes through here. The lock is taken when the
+# statement runs, inside `jobs_started`'s transaction.
+_LOCK_JOBS = CompiledQuery(
+    lambda ids: (
+        Job.objects.select_for_update()
+        .filter(AnyOf(F("pk"), ids))
+        .order_by("pk")
+        .values_list("pk", "state", "attempt", "started_at")
+    )
+)
+_HELD_ATTEMPTS = CompiledQuery(
+    lambda node_id, ids: Allocation.objects.filter(
+        AnyOf(F("job_id"), ids), node_id=node_id
+    ).values_list("job_id", "attempt")
+)
+
+
 @transaction.atomic
 def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`job_started` for many attempts at once (an agent's sync): one result per report.
@@ -465,11 +482,10 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
     must be the job's current one; a stale report is answered as a conflict, not an error.
     """
     ids = sorted({int(r["job_id"]) for r in reports})
-    jobs = {j.pk: j for j in Job.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
-    held = set(
-        Allocation.objects.filter(node=node, job_id__in=ids).values_list("job_id", "attempt")
-    )
-    moving: dict[int, Job] = {}
+    # pk -> [state, attempt, started_at], the rows locked in id order
+    jobs = {pk: [state, job_attempt, at] for pk, state, job_attempt, at in _LOCK_JOBS.rows(ids=ids)}
+    held = set(_HELD_ATTEMPTS.rows(node_id=node.pk, ids=ids))
+    moving: dict[int, list[Any]] = {}
     data: dict[int, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
     for r in reports:
@@ -478,15 +494,15 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
         job = jobs.get(job_id)
         if job is None or (job_id, attempt) not in held:
             result["conflict"] = "This node does not run that job attempt."
-        elif job.attempt != attempt:
+        elif job[1] != attempt:
             result["conflict"] = "That attempt of the job is over."
-        elif job.state in (JobState.SCHEDULED, JobState.STARTING) or job_id in moving:
+        elif job[0] in (JobState.SCHEDULED, JobState.STARTING) or job_id in moving:
             moving[job_id] = job
             data.setdefault(job_id, {"pid": r.get("pid"), "attempt": attempt})
         results.append(result)
     now = timezone.now()
     jobs_transition_bulk(
-        rows=[(j.pk, j.state, j.started_at or now) for j in moving.values()],
+        rows=[(pk, job[0], job[2] or now) for pk, job in moving.items()],
         to=JobState.RUNNING,
         reasons={pk: f"Started on {node.name}" for pk in moving},
         actor_label=f"agent:{node.name}",
@@ -495,10 +511,10 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
         now=now,
     )
     for job in moving.values():
-        job.state = JobState.RUNNING
+        job[0] = JobState.RUNNING
     for result in results:
         if "conflict" not in result:
-            result["state"] = jobs[result["job_id"]].state
+            result["state"] = jobs[result["job_id"]][0]
     return results
 
 
