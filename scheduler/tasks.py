@@ -17,11 +17,17 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="scheduler.cycle", ignore_result=True, time_limit=60, soft_time_limit=50)
 def scheduling_cycle() -> dict[str, int] | None:
-    """One scheduling cycle, single-flight: a cycle already running makes this one a no-op."""
+    """One scheduling cycle, single-flight: a cycle already running makes this one a retry
+    after it, so that no request is left waiting for beat."""
     cache.delete(CYCLE_REQUESTED)  # requests from now on need a cycle after this one
     # The lock outlives the hard time limit, so a killed cycle frees it within a minute.
     with single_flight("scheduler-cycle", ttl=65) as acquired:
         if not acquired:
+            # The cycle running now may have read the queue before the job that asked for this
+            # one was committed: run once more after it, coalesced like any request (an eager
+            # call runs inline in its caller, which asks again itself).
+            if not scheduling_cycle.request.is_eager and cache.add(CYCLE_REQUESTED, 1, timeout=5):
+                scheduling_cycle.apply_async(countdown=CYCLE_RETRY_SECONDS)
             return None
         result = run_cycle()
     cache.set(
@@ -45,6 +51,7 @@ def scheduling_cycle() -> dict[str, int] | None:
 
 
 CYCLE_REQUESTED = "scheduler:cycle-requested"
+CYCLE_RETRY_SECONDS = 0.25  # a cycle that found another running tries again this much later
 
 
 def request_cycle() -> None:

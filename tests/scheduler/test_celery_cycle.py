@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from scheduler.models import Job, JobState
@@ -43,3 +45,24 @@ def test_cycle_requests_coalesce_while_one_is_queued(settings):
         request_cycle()
     assert client.llen(queue) == 1
     client.delete(queue)
+
+
+def test_a_request_that_finds_a_cycle_running_is_served_after_it(
+    celery_live_worker, team, fleet, api
+):
+    """The running cycle may have read the queue before the job: another cycle follows it,
+    with no beat and no further request (this test's worker runs no beat)."""
+    from portal.locks import single_flight
+
+    with single_flight("scheduler-cycle", ttl=30) as held:  # a cycle "running" elsewhere
+        assert held
+        resp = api(team["member"]).post(
+            "/api/v1/jobs",
+            {"project": "alpha", "name": "late", "command": "true", "gpus": 1},
+            format="json",
+        )
+        job_id = resp.json()["id"]
+        wait_for(lambda: Job.objects.filter(pk=job_id).exists())
+        time.sleep(1.0)  # the requested cycle found the lock taken
+        assert Job.objects.get(pk=job_id).state == JobState.QUEUED
+    wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.SCHEDULED, timeout=10)
