@@ -34,3 +34,21 @@ def teardown() -> None:
     from django.db import connections
 
     connections.close_all()
+
+
+def reset() -> str:
+    """Drop, recreate and migrate the database `setup` chose, for another run in the same
+    process (Django stays configured for it); returns its URL."""
+    import psycopg
+    from django.core.management import call_command
+    from django.db import connections
+
+    connections.close_all()
+    url = os.environ["DATABASE_URL"]
+    parts = urlparse(url)
+    name = parts.path.lstrip("/")
+    with psycopg.connect(urlunparse(parts._replace(path="/postgres")), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    call_command("migrate", verbosity=0)
+    return url

@@ -18,11 +18,12 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import requests
 
 from bench import command_line, markdown_table, write_section
-from bench.django_env import setup, teardown
+from bench.django_env import reset, setup, teardown
 from bench.stack import Stack, cpu_seconds, cpu_table
 
 
@@ -53,16 +54,24 @@ def seed(n_nodes: int, web_url: str) -> tuple[str, dict[str, str]]:
     return token_create(user=user, name="bench").secret, tokens
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=400)
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--web-workers", type=int, default=3)
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--poll", type=float, default=0.5, help="agent poll interval (s)")
-    args = parser.parse_args()
-    db_url = setup("submit")
+@dataclass
+class Run:
+    submits_per_s: float
+    latencies: list[float]
+    running: int
+    seconds: float
+    cpu_before: dict[str, float]
+    cpu_after: dict[str, float]
+    window: float
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.running / self.seconds
+
+
+def one_run(args: argparse.Namespace, first: bool) -> Run:
+    """A fresh database and stack, N jobs submitted, until the last one runs."""
+    db_url = setup("submit") if first else reset()
     url = f"http://127.0.0.1:{args.port}"
     secret, tokens = seed(args.nodes, url)
     teardown()
@@ -136,23 +145,42 @@ def main() -> None:
         total = last.timestamp() - started_wall if last else time.perf_counter() - t0
     finally:
         stack.stop()
-    rows = [
-        [
+    return Run(args.jobs / submitted, latencies, running, total, cpu_before, cpu_after, window)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=400)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--web-workers", type=int, default=3)
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--poll", type=float, default=0.5, help="agent poll interval (s)")
+    parser.add_argument("--runs", type=int, default=3, help="each on a fresh stack; medians")
+    args = parser.parse_args()
+    runs = [one_run(args, n == 0) for n in range(args.runs)]
+    median = sorted(runs, key=lambda r: r.jobs_per_s)[len(runs) // 2]
+
+    def row(label: str, r: Run) -> list[str]:
+        return [
+            label,
             f"{args.jobs}",
             f"{args.nodes} × 8",
             f"{args.clients}",
-            f"{args.jobs / submitted:.0f}",
-            f"{statistics.median(latencies) * 1000:.0f}",
-            f"{sorted(latencies)[int(len(latencies) * 0.95)] * 1000:.0f}",
-            f"{running}",
-            f"{total:.1f}",
-            f"{running / total:.0f}",
-            ">= 100",
-            "met" if running / total >= 100 else "missed",
+            f"{r.submits_per_s:.0f}",
+            f"{statistics.median(r.latencies) * 1000:.0f}",
+            f"{sorted(r.latencies)[int(len(r.latencies) * 0.95)] * 1000:.0f}",
+            f"{r.running}",
+            f"{r.seconds:.1f}",
+            f"{r.jobs_per_s:.0f}",
         ]
-    ]
+
+    verdict = "met" if median.jobs_per_s >= 100 else "missed"
+    rows = [[*row(f"run {i + 1}", r), "", ""] for i, r in enumerate(runs)]
+    rows.append([f"**median of {len(runs)}**", *row("", median)[1:], ">= 100", verdict])
     table = markdown_table(
         [
+            "",
             "jobs",
             "GPUs",
             "clients",
@@ -168,7 +196,8 @@ def main() -> None:
         rows,
     )
     cpu = markdown_table(
-        ["part", "CPU s", "cores used (CPU s / wall s)"], cpu_table(cpu_before, cpu_after, window)
+        ["part", "CPU s", "cores used (CPU s / wall s)"],
+        cpu_table(median.cpu_before, median.cpu_after, median.window),
     )
     print(table)
     print(cpu)
@@ -182,8 +211,8 @@ def main() -> None:
         "assignments in one round trip; `unchanged` costs no SQL) and report each start at "
         f"once; {args.clients} client threads submit over keep-alive connections.\n\n"
         + table
-        + "\n\nWhere the CPU went, from the first submit until the benchmark saw the last "
-        "job running:\n\n" + cpu,
+        + "\n\nWhere the CPU went in the median run, from the first submit until the benchmark "
+        "saw the last job running:\n\n" + cpu,
     )
 
 
