@@ -209,7 +209,9 @@ def main() -> None:
         "second, PostgreSQL and Redis on this 2-core machine; the nodes' real agents (simulated "
         f"GPUs) in one process of their own sync every {args.poll:g} s (started reports and "
         "assignments in one round trip; `unchanged` costs no SQL) and report each start at "
-        f"once; {args.clients} client threads submit over keep-alive connections.\n\n"
+        f"once; {args.clients} client threads submit over keep-alive connections, after 48 "
+        "submissions that admission rejects have warmed every web worker up. Each run on a "
+        "fresh database and stack; the last job's start is timed by its JobEvent.\n\n"
         + table
         + "\n\nWhere the CPU went in the median run, from the first submit until the benchmark "
         "saw the last job running:\n\n" + cpu,
