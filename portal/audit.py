@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import models
 
+from portal.db import insert_instances
 from portal.models import AuditEvent, Project, User
 
 # The client address of the request being served, so every audit event says "from where".
@@ -22,7 +23,7 @@ def audit_record(
     data: dict[str, Any] | None = None,
     remote_addr: str | None = None,
 ) -> AuditEvent:
-    return AuditEvent.objects.create(
+    event = AuditEvent(
         actor=actor if actor is not None and actor.pk else None,
         actor_label=str(actor) if actor is not None else "system",
         action=action,
@@ -32,3 +33,5 @@ def audit_record(
         data=data or {},
         remote_addr=remote_addr or request_remote_addr.get(),
     )
+    insert_instances([event])  # every state change writes one: SQL built once
+    return event

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.audit import audit_record
+from portal.db import insert_instances
 from portal.errors import DomainError
 from portal.models import PriorityClass, Project, Quota, Role, User
 from portal.services import require_role
@@ -384,7 +385,7 @@ def job_submit(
         else:
             job.failure_reason = verdict.reason[:500]
             job.finished_at = now
-    jobs[0].save()
+    insert_instances(jobs[:1])
     if len(jobs) > 1:
         for job in jobs[1:]:
             job.array_parent = jobs[0]
@@ -416,7 +417,7 @@ def job_submit(
                 data=data,
             )
         )
-    JobEvent.objects.bulk_create(events)
+    insert_instances(events)
     audit_record(
         actor=actor,
         action="job.submit" if verdict.admit else "job.reject",
