@@ -24,8 +24,8 @@ def scheduling_cycle() -> dict[str, int] | None:
     with single_flight("scheduler-cycle", ttl=65) as acquired:
         if not acquired:
             # The cycle running now may have read the queue before the job that asked for this
-            # one was committed: run once more after it, coalesced like any request (an eager
-            # call runs inline in its caller, which asks again itself).
+            # one was committed: run once more after it, coalesced like any request. (An eager
+            # call, run inline by its caller, is not repeated.)
             if not scheduling_cycle.request.is_eager and cache.add(CYCLE_REQUESTED, 1, timeout=5):
                 scheduling_cycle.apply_async(countdown=CYCLE_RETRY_SECONDS)
             return None
