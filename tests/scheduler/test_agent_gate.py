@@ -82,10 +82,10 @@ def test_the_cache_vouches_for_a_token_at_most_agent_token_ttl(fleet):
 
 
 @pytest.mark.django_db(transaction=True)  # the reports' commit drops the version mid-request
-def test_a_sync_with_reports_reads_the_version_after_applying_them(placed_job):
+def test_a_sync_with_reports_reads_the_version_after_applying_them(placed):
     """An exit ends the allocation and drops the version; the answer must not say unchanged
     on the strength of the version read before the report was applied."""
-    client, job = placed_job["client"], placed_job["job"]
+    client, job = placed["client"], placed["job"]
     version = client.post(SYNC, {}, format="json").json()["version"]
     started = {"kind": "started", "job_id": job.pk, "attempt": 1}
     client.post(SYNC, {"version": version, "reports": [started]}, format="json")
@@ -93,23 +93,6 @@ def test_a_sync_with_reports_reads_the_version_after_applying_them(placed_job):
     exited = {"kind": "exited", "job_id": job.pk, "attempt": 1, "exit_code": 0, "reason": "exited"}
     answer = client.post(SYNC, {"version": version, "reports": [exited]}, format="json").json()
     assert answer["unchanged"] is False and answer["assignments"] == []
-
-
-@pytest.fixture
-def placed_job(team, fleet, api, django_capture_on_commit_callbacks):
-    from scheduler.cycle import run_cycle
-    from scheduler.models import Allocation, Job
-
-    with django_capture_on_commit_callbacks(execute=True):
-        resp = api(team["member"]).post(
-            "/api/v1/jobs",
-            {"project": "alpha", "name": "g", "command": "true", "gpu_model": "H100-80GB-SXM"},
-            format="json",
-        )
-        run_cycle()
-    job = Job.objects.get(pk=resp.json()["id"])
-    node = Allocation.objects.get(job=job).node
-    return {"job": job, "client": agent(fleet["tokens"][node.name])}
 
 
 _values = st.none() | st.booleans() | st.integers(-2, 2) | st.text(max_size=5) | st.just("")
