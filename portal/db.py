@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -182,6 +182,20 @@ def insert_rows(
             cursor.execute(sql, arrays)
             total += cursor.rowcount
     return total
+
+
+ModelT = TypeVar("ModelT", bound=models.Model)
+
+
+def concrete_columns(model: type[models.Model]) -> list[str]:
+    """The attribute names of a model's concrete fields, in order: what a compiled read
+    selects to build whole instances with `instance_from_row`."""
+    return [f.attname for f in model._meta.concrete_fields]
+
+
+def instance_from_row(model: type[ModelT], row: Sequence[Any]) -> ModelT:
+    """A model instance, as if loaded by the ORM, from a row of `concrete_columns(model)`."""
+    return model.from_db(DEFAULT_DB_ALIAS, concrete_columns(model), row)
 
 
 _INSERT_SQL: dict[tuple[type[models.Model], int], tuple[str, list[Field[Any, Any]]]] = {}

@@ -14,12 +14,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from portal.audit import audit_record
-from portal.db import AnyOf, CompiledQuery
+from portal.db import AnyOf, CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler import health, hooks
@@ -72,21 +72,20 @@ def node_for_agent_token(raw: str) -> Node | None:
     return node_for_agent_token_hash(agent_token_hash(raw))
 
 
-_NODE_COLUMNS = [f.attname for f in Node._meta.concrete_fields]
 # Compiled once (`CompiledQuery`): every agent request that touches its node's data asks.
 _NODE_BY_TOKEN = CompiledQuery(
     lambda token_hash: (
         Node.objects.filter(agent_token_hash=token_hash)
         .exclude(state=Node.State.RETIRED)
         .order_by("pk")
-        .values_list(*_NODE_COLUMNS)[:1]
+        .values_list(*concrete_columns(Node))[:1]
     )
 )
 _NODE_BY_TOKEN_AND_ID = CompiledQuery(
     lambda token_hash, node_id: (
         Node.objects.filter(agent_token_hash=token_hash, pk=node_id)
         .exclude(state=Node.State.RETIRED)
-        .values_list(*_NODE_COLUMNS)[:1]
+        .values_list(*concrete_columns(Node))[:1]
     )
 )
 
@@ -98,7 +97,7 @@ def node_for_agent_token_hash(token_hash: str, node_id: int | None = None) -> No
         if node_id is None
         else _NODE_BY_TOKEN_AND_ID.rows(token_hash=token_hash, node_id=node_id)
     )
-    return Node.from_db(DEFAULT_DB_ALIAS, _NODE_COLUMNS, rows[0]) if rows else None
+    return instance_from_row(Node, rows[0]) if rows else None
 
 
 def node_id_for_agent_token(raw: str) -> tuple[int, str] | None:

@@ -10,11 +10,10 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.cache import cache
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from portal.db import CompiledQuery
+from portal.db import CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
@@ -48,7 +47,7 @@ class CatalogFilter:
 
 _ACTIVE_MODEL_NAMED = CompiledQuery(
     lambda name: GpuModel.objects.filter(is_active=True, name=name).values_list(
-        *(f.attname for f in GpuModel._meta.concrete_fields)
+        *concrete_columns(GpuModel)
     )
 )
 
@@ -59,8 +58,7 @@ def gpu_model_active(name: str) -> GpuModel | None:
     rows = _ACTIVE_MODEL_NAMED.rows(name=name)
     if not rows:
         return None
-    names = [f.attname for f in GpuModel._meta.concrete_fields]
-    return GpuModel.from_db(DEFAULT_DB_ALIAS, names, rows[0])
+    return instance_from_row(GpuModel, rows[0])
 
 
 def gpu_models_meeting(*, min_memory_gb: int = 0, precisions: Iterable[str] = ()) -> list[GpuModel]:
