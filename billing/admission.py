@@ -16,21 +16,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing import pricing, selectors
-from billing.models import BillingAccount, Budget, ProjectBilling
+from billing.models import Budget, ProjectBilling
 from portal.db import AnyOf, CompiledQuery
 from portal.models import Project
 from scheduler.admission import JobSpec, Verdict
 from scheduler.models import GpuModel
-
-
-def _overdue_projects(project_ids: set[int], now: datetime) -> dict[int, BillingAccount]:
-    cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
-    return {
-        link.project_id: link.account
-        for link in ProjectBilling.objects.filter(
-            project_id__in=project_ids, account__payment_failed_at__lte=cutoff
-        ).select_related("account")
-    }
 
 
 def _preemptible_offer(spec: JobSpec) -> str:

@@ -198,6 +198,9 @@ def instance_from_row(model: type[ModelT], row: Sequence[Any]) -> ModelT:
     return model.from_db(DEFAULT_DB_ALIAS, concrete_columns(model), row)
 
 
+# Statements kept per model for 1 to this many rows (a job's events, one audit event); larger
+# batches vary in size and go to `bulk_create`, so the cache stays small.
+INSERT_SQL_MAX_ROWS = 8
 _INSERT_SQL: dict[tuple[type[models.Model], int], tuple[str, list[Field[Any, Any]]]] = {}
 
 
@@ -205,7 +208,8 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
     """Insert unsaved instances of one model (with an auto primary key) in one statement.
 
     What `bulk_create` does, each field's `pre_save` (`auto_now_add`) and preparation for the
-    database included, but with the SQL built once per model and row count, not per call:
+    database included, but with the SQL built once per model and row count (up to
+    `INSERT_SQL_MAX_ROWS`), not per call:
     the submit path writes a job, its events and an audit event on every request. Primary keys
     are set from RETURNING. No signals, as with `bulk_create`. PostgreSQL; elsewhere it is
     `bulk_create`.
@@ -213,8 +217,8 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
     if not objs:
         return
     model = type(objs[0])
-    if connection.vendor != "postgresql":
-        model._default_manager.bulk_create(objs)
+    if connection.vendor != "postgresql" or len(objs) > INSERT_SQL_MAX_ROWS:
+        model._default_manager.bulk_create(objs)  # large batches: Django's `unnest` insert
         return
     key = (model, len(objs))
     if key not in _INSERT_SQL:

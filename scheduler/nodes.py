@@ -66,12 +66,6 @@ def node_issue_agent_token(*, node: Node, actor: User | None = None) -> str:
     return raw
 
 
-def node_for_agent_token(raw: str) -> Node | None:
-    if not raw.startswith(AGENT_TOKEN_PREFIX) or len(raw) > 200:
-        return None
-    return node_for_agent_token_hash(agent_token_hash(raw))
-
-
 # Compiled once (`CompiledQuery`): every agent request that touches its node's data asks.
 _NODE_BY_TOKEN = CompiledQuery(
     lambda token_hash: (

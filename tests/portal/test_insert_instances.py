@@ -74,3 +74,18 @@ def test_an_audit_event_is_written_whole(team):
         {"k": 1},
     )
     assert fresh.created_at is not None
+
+
+def test_a_large_batch_goes_to_bulk_create_and_still_gets_its_keys(team, fleet):
+    from portal.db import _INSERT_SQL, INSERT_SQL_MAX_ROWS
+
+    job = a_job(team, fleet)
+    job.save()
+    n = INSERT_SQL_MAX_ROWS + 5
+    events = [
+        JobEvent(job=job, to_state=JobState.PENDING, actor_label="x", reason=f"r{i}")
+        for i in range(n)
+    ]
+    insert_instances(events)
+    assert (JobEvent, n) not in _INSERT_SQL  # no statement kept for a one-off size
+    assert [JobEvent.objects.get(pk=e.pk).reason for e in events] == [f"r{i}" for i in range(n)]
