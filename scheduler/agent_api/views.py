@@ -357,9 +357,10 @@ def _plain_telemetry(record: Any) -> dict[str, Any] | None:
                 return None
             out[name] = record[name]
     if "row_remap_pending" in record:
-        if record["row_remap_pending"] not in (None, True, False):
+        pending = record["row_remap_pending"]
+        if pending is not None and type(pending) is not bool:  # 0 == False, yet DRF says False
             return None
-        out["row_remap_pending"] = record["row_remap_pending"]
+        out["row_remap_pending"] = pending
     if "xid_events" in record:
         xids = record["xid_events"]
         if type(xids) is not list or len(xids) > 100 or not all(_count(x) for x in xids):

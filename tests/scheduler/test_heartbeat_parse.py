@@ -90,6 +90,8 @@ def test_it_leaves_the_odd_ones_to_the_serializer():
     for odd in [
         {"telemetry": [ok]},  # running missing
         {"telemetry": [dict(ok, utilization=True)], "running": []},  # a bool is no number
+        {"telemetry": [dict(ok, row_remap_pending=0)], "running": []},  # 0 is no bool (DRF: False)
+        {"telemetry": [dict(ok, row_remap_pending=1)], "running": []},
         {"telemetry": [dict(ok, utilization=101)], "running": []},
         {"telemetry": [dict(ok, uuid="")], "running": []},
         {"telemetry": [dict(ok, gpu="x")], "running": []},  # unknown field
