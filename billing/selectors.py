@@ -78,6 +78,20 @@ def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
     )
 
 
+def shares_cost_per_hour(*, shares: list[tuple[GpuModel, int, int]], preemptible: bool) -> Decimal:
+    """Scheduler hook: what `(gpu_model, share_milli, capacity_milli)` shares cost per hour
+    now, each billed as metering bills it (`pricing.billed_share_milli`)."""
+    return sum(
+        (
+            quote_rate(gpu_model=model, preemptible=preemptible)
+            * pricing.billed_share_milli(share_milli=share, capacity_milli=capacity)
+            / pricing.MILLI
+            for model, share, capacity in shares
+        ),
+        ZERO,
+    )
+
+
 def price_list(*, now: datetime | None = None) -> list[PriceVersion]:
     """The price in effect now for each model, and any scheduled change after it."""
     now = now or timezone.now()

@@ -4,6 +4,7 @@ for each GPU model the free GPUs, queued demand and the wait now."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -20,10 +21,10 @@ from scheduler.admission import (
     job_from_spec,
     spec_validate,
 )
-from scheduler.core.plan import plan
+from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
-from scheduler.models import GpuModel, Job, JobState
+from scheduler.models import Gpu, GpuModel, Job, JobState, Node
 from scheduler.selectors import gpu_models_meeting
 
 DRY_RUN_ID = -1
@@ -44,6 +45,8 @@ class DryRun:
     cost_per_hour: Decimal | None
     cost_for_estimate: Decimal | None
     queue_position: int | None
+    # where it would wait with no model named: the cost on the dearest model it may land on
+    cost_per_hour_most: Decimal | None = None
 
 
 def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
@@ -52,30 +55,73 @@ def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
     return job
 
 
+def _candidate_models(spec: JobSpec) -> list[GpuModel]:
+    """The models a job may land on: its model, or the models meeting its constraints that
+    the fleet has healthy GPUs of (the whole catalog's when the fleet has none of them)."""
+    if spec.gpu_model is not None:
+        return [spec.gpu_model]
+    meeting = gpu_models_meeting(min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions)
+    in_fleet = set(
+        Gpu.objects.filter(
+            model__in=meeting, health="healthy", node__state=Node.State.READY
+        ).values_list("model_id", flat=True)
+    )
+    return [m for m in meeting if m.pk in in_fleet] or meeting
+
+
+def _per_hour(rate: Decimal, spec: JobSpec) -> Decimal:
+    return (rate * spec.gpu_fraction * spec.shard_count).quantize(CENT, ROUND_HALF_UP)
+
+
 def quote(
     spec: JobSpec, *, borrowed: bool = False
 ) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
     """(rate per GPU-hour, cost per hour, cost for the runtime estimate). Without a model, the
-    cheapest model that meets the constraints sets the rate."""
-    model = spec.gpu_model
-    if model is None:
-        candidates = gpu_models_meeting(
-            min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions
-        )
-        model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
+    cheapest model it may land on sets the rate (see `quote_most` for the dearest)."""
+    model = min(_candidate_models(spec), key=lambda m: m.price_per_gpu_hour, default=None)
     if model is None:
         return None, None, None
     rate = hooks.price_per_gpu_hour(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    per_hour = (rate * spec.gpu_fraction * spec.shard_count).quantize(CENT, ROUND_HALF_UP)
-    total = None
-    if spec.runtime_estimate_s:
-        total = (per_hour * Decimal(spec.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
-    return rate, per_hour, total
+    return rate, _per_hour(rate, spec), _for_estimate(_per_hour(rate, spec), spec)
 
 
-def job_hourly_cost(job: Job) -> Decimal | None:
-    """What the job costs per hour while it runs, at today's rates."""
-    spec = JobSpec(
+def quote_most(spec: JobSpec, *, borrowed: bool = False) -> Decimal | None:
+    """Cost per hour on the dearest model a job without one may land on; None where every
+    candidate costs the same (or the job names its model)."""
+    candidates = _candidate_models(spec)
+    if len({m.price_per_gpu_hour for m in candidates}) < 2:
+        return None
+    model = max(candidates, key=lambda m: m.price_per_gpu_hour)
+    rate = hooks.price_per_gpu_hour(gpu_model=model, preemptible=spec.preemptible or borrowed)
+    return _per_hour(rate, spec)
+
+
+def _for_estimate(per_hour: Decimal, spec: JobSpec) -> Decimal | None:
+    if not spec.runtime_estimate_s:
+        return None
+    return (per_hour * Decimal(spec.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
+
+
+def shares_cost_per_hour(
+    shares: Iterable[tuple[GpuModel, int, int]], *, preemptible: bool
+) -> Decimal:
+    """What these `(model, share_milli, capacity_milli)` shares cost per hour, to the cent, as
+    billing meters them (through `hooks.shares_cost_per_hour`)."""
+    cost = hooks.shares_cost_per_hour(shares=list(shares), preemptible=preemptible)
+    return cost.quantize(CENT, ROUND_HALF_UP)
+
+
+@dataclass(frozen=True)
+class HourlyCost:
+    """What a job costs per hour: exact once placed, else from `low` to `high` (None: one
+    price) by the model it lands on."""
+
+    low: Decimal
+    high: Decimal | None = None
+
+
+def _spec_of(job: Job) -> JobSpec:
+    return JobSpec(
         name=job.name,
         command=job.command,
         gpus=job.gpus,
@@ -87,7 +133,25 @@ def job_hourly_cost(job: Job) -> Decimal | None:
         gpus_per_node=job.gpus_per_node,
         preemptible=job.preemptible,
     )
-    return quote(spec, borrowed=job.borrowed)[1]
+
+
+def job_hourly_cost(job: Job) -> HourlyCost | None:
+    """What the job costs per hour while it runs, at today's rates: from the GPUs it holds
+    when placed, else from what it asks for."""
+    preemptible = job.preemptible or job.borrowed
+    held = [
+        (a.gpu_model, a.share_milli, a.gpu.capacity_milli)
+        for a in job.allocations.filter(ended_at__isnull=True).select_related("gpu_model", "gpu")
+    ]
+    if held:
+        return HourlyCost(shares_cost_per_hour(held, preemptible=preemptible))
+    if job.is_terminal:
+        return None
+    spec = _spec_of(job)
+    low = quote(spec, borrowed=job.borrowed)[1]
+    if low is None:
+        return None
+    return HourlyCost(low, quote_most(spec, borrowed=job.borrowed))
 
 
 def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
@@ -103,8 +167,10 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         job.borrowed = verdict.borrowed
         state = build_state(now=now, extra_jobs=[job])
         decided = plan(state.snapshot, state.queue, policy_config(), ts(now))
-        if any(p.job_id == DRY_RUN_ID for p in decided.placements):
+        placed = [p for p in decided.placements if p.job_id == DRY_RUN_ID]
+        if placed:
             start_now, estimated = True, now
+            rate, per_hour, total = _placed_quote(placed[0], spec, borrowed=verdict.borrowed)
         elif DRY_RUN_ID in decided.pending:
             pending = decided.pending[DRY_RUN_ID]
             reason, message, position = pending.reason.label, pending.message, pending.position
@@ -112,6 +178,7 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         else:  # waits only for the preemption of lower-priority work
             reason = PendingReason.PREEMPTING.label
             message = "Lower-priority preemptible work would be stopped to make room."
+    most = quote_most(spec, borrowed=verdict.borrowed) if not start_now else None
     return DryRun(
         admitted=verdict.admit,
         borrowed=verdict.borrowed,
@@ -125,7 +192,28 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         cost_per_hour=per_hour,
         cost_for_estimate=total,
         queue_position=position,
+        cost_per_hour_most=most,
     )
+
+
+def _placed_quote(
+    placement: Placement, spec: JobSpec, *, borrowed: bool
+) -> tuple[Decimal | None, Decimal, Decimal | None]:
+    """The dry run's quote where it would start now: the GPUs the plan gave it, as billed."""
+    gpus = Gpu.objects.select_related("model").in_bulk([s.gpu_id for s in placement.shares])
+    shares = [
+        (gpus[s.gpu_id].model, s.milli, gpus[s.gpu_id].capacity_milli) for s in placement.shares
+    ]
+    per_hour = shares_cost_per_hour(shares, preemptible=spec.preemptible or borrowed)
+    models = {model.pk: model for model, _, _ in shares}
+    rate = (
+        hooks.price_per_gpu_hour(
+            gpu_model=next(iter(models.values())), preemptible=spec.preemptible or borrowed
+        )
+        if len(models) == 1
+        else None
+    )
+    return rate, per_hour, _for_estimate(per_hour, spec)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ class JobForm(forms.Form):
         required=False,
         empty_label="Any GPU that meets the constraints",
     )
-    min_gpu_memory_gb = forms.IntegerField(min_value=0, max_value=1000, required=False)
+    min_gpu_memory_gb = forms.IntegerField(
+        min_value=0, max_value=1000, required=False, label="Min GPU memory (GB)"
+    )
     precisions = forms.MultipleChoiceField(
         choices=[(p, p) for p in PRECISIONS], required=False, widget=forms.CheckboxSelectMultiple
     )
@@ -34,13 +36,19 @@ class JobForm(forms.Form):
         initial="whole",
         widget=forms.RadioSelect,
     )
-    gpus = forms.IntegerField(min_value=1, max_value=4096, initial=1, required=False)
+    gpus = forms.IntegerField(min_value=1, max_value=4096, initial=1, required=False, label="GPUs")
     gpu_milli = forms.IntegerField(
-        min_value=1, max_value=999, required=False, help_text="Milli-GPU, e.g. 250 = a quarter."
+        min_value=1,
+        max_value=999,
+        required=False,
+        label="Fraction (milli-GPU)",
+        help_text="Milli-GPU, e.g. 250 = a quarter.",
     )
     gpu_memory_mib = forms.IntegerField(min_value=0, required=False, label="GPU memory limit (MiB)")
     nodes = forms.IntegerField(min_value=1, max_value=512, required=False)
-    gpus_per_node = forms.IntegerField(min_value=1, max_value=16, required=False)
+    gpus_per_node = forms.IntegerField(
+        min_value=1, max_value=16, required=False, label="GPUs per node"
+    )
     priority = forms.TypedChoiceField(
         choices=PriorityClass.choices, coerce=int, initial=PriorityClass.NORMAL
     )
@@ -54,7 +62,7 @@ class JobForm(forms.Form):
         required=False,
         label="Runtime estimate (hours)",
     )
-    checkpoint_dir = forms.CharField(max_length=500, required=False)
+    checkpoint_dir = forms.CharField(max_length=500, required=False, label="Checkpoint directory")
     elastic_min = forms.IntegerField(min_value=1, required=False)
     elastic_max = forms.IntegerField(min_value=1, required=False)
     shard_count = forms.IntegerField(min_value=1, max_value=1000, initial=1, required=False)

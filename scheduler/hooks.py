@@ -20,6 +20,25 @@ def _load(path: str) -> Callable[..., Any]:
     return fn
 
 
+def shares_cost_per_hour(*, shares: list[tuple[Any, int, int]], preemptible: bool) -> Decimal:
+    """What `(gpu_model, share_milli, capacity_milli)` shares cost per hour: billing's rule
+    (its rates, for the part of the device each share is billed as) when installed, else the
+    catalog price for each share's part of its device."""
+    path = getattr(settings, "SCHEDULER_SHARES_COST", "")
+    if path:
+        cost: Decimal = _load(path)(shares=shares, preemptible=preemptible)
+        return cost
+    return sum(
+        (
+            price_per_gpu_hour(gpu_model=model, preemptible=preemptible)
+            * min(share, capacity)
+            / capacity
+            for model, share, capacity in shares
+        ),
+        Decimal(0),
+    )
+
+
 def admission_checks() -> list[Callable[..., Any]]:
     """Callables `check(*, project, spec, now) -> AdmissionVerdict | None`."""
     return [_load(p) for p in getattr(settings, "SCHEDULER_ADMISSION_CHECKS", [])]

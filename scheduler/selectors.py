@@ -195,6 +195,7 @@ def job_placement(job: Job) -> list[dict[str, object]]:
             "gpu_uuid": a.gpu.uuid,
             "gpu_model": a.gpu_model.name,
             "share_milli": a.share_milli,
+            "capacity_milli": a.gpu.capacity_milli,
             "since": a.started_at,
         }
         for a in job.allocations.filter(ended_at__isnull=True).select_related(

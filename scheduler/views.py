@@ -15,7 +15,7 @@ from portal.models import PriorityClass, Role, User
 from portal.selectors import project_list_visible_to, project_role_of
 from scheduler import selectors
 from scheduler.admission import job_cancel, job_submit
-from scheduler.estimates import job_dry_run, job_hourly_cost, model_availability, quote
+from scheduler.estimates import job_dry_run, job_hourly_cost, model_availability
 from scheduler.forms import JobForm
 from scheduler.models import PRECISIONS, JobState, LogChunk
 from scheduler.selectors import CatalogFilter, gpu_model_list
@@ -104,9 +104,6 @@ def job_dry_run_view(request: HttpRequest) -> HttpResponse:
             context["dry"] = job_dry_run(project=form.cleaned_data["project"], spec=form.spec)
         except DomainError as exc:
             context["error"] = exc.message
-    else:
-        spec = form.spec
-        context["rate"] = quote(spec)[1] if spec else None
     return render(request, "scheduler/partials/_dry_run.html", context)
 
 

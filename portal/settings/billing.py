@@ -12,6 +12,7 @@ _env = environ.Env()
 SCHEDULER_ADMISSION_CHECKS = ["billing.admission.budget_check"]
 SCHEDULER_BUDGET_EXHAUSTED = "billing.admission.projects_over_budget"
 SCHEDULER_PRICE_QUOTE = "billing.selectors.quote_rate"
+SCHEDULER_SHARES_COST = "billing.selectors.shares_cost_per_hour"
 
 # Stripe: switched off (billing works locally) when no key is configured.
 STRIPE_SECRET_KEY = _env("STRIPE_SECRET_KEY", default="")

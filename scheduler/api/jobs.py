@@ -215,6 +215,13 @@ class DryRunSerializer(serializers.Serializer):  # type: ignore[type-arg]
     rate_per_gpu_hour = serializers.DecimalField(max_digits=10, decimal_places=4, allow_null=True)
     cost_per_hour = serializers.DecimalField(max_digits=12, decimal_places=2, allow_null=True)
     cost_for_estimate = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
+    cost_per_hour_most = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        allow_null=True,
+        help_text="With no GPU model named and no start now: the cost per hour on the dearest "
+        "model the job may land on (cost_per_hour is the cheapest).",
+    )
 
 
 class YamlParser(parsers.BaseParser):
