@@ -7,6 +7,8 @@ from decimal import Decimal
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from scheduler.core.reasons import format_duration
+
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
 
@@ -308,6 +310,10 @@ class Job(models.Model):
     @property
     def gpu_demand_milli(self) -> int:
         return self.gpu_count * self.gpu_milli
+
+    @property
+    def runtime_estimate_text(self) -> str:
+        return format_duration(self.runtime_estimate_s) if self.runtime_estimate_s else ""
 
     @property
     def is_terminal(self) -> bool:

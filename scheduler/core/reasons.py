@@ -81,6 +81,21 @@ _HEADLINES = {
 }
 
 
+def format_duration(seconds: float) -> str:
+    """'45 s', '20 min', '2 h 30 min', '3 days 4 h': a span as a researcher reads it."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    minutes = round(s / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} days {hours} h" if hours else f"{days} days"
+
+
 def format_when(ts: float, now: float) -> str:
     """'14:05 UTC (in 25 min)'; the clock time is UTC because the core knows no time zone."""
     clock = datetime.fromtimestamp(ts, UTC).strftime("%H:%M UTC")
