@@ -8,6 +8,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 
+# A response status that makes htmx stop the element's `every` polling (it still swaps).
+HTMX_STOP_POLLING = 286
+
 
 def wants_partial(request: HttpRequest) -> bool:
     """An htmx request that swaps a fragment (a boosted navigation wants the whole page)."""

@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.errors import DomainError
-from portal.htmx import render_partial_or_page, wants_partial
+from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
 from portal.models import PriorityClass, Role, User
 from portal.selectors import project_list_visible_to, project_role_of
 from scheduler import selectors
@@ -146,12 +146,16 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "placement": selectors.job_placement(job),
         "can_cancel": role in (Role.OWNER, Role.MEMBER) and not job.is_terminal,
         "rate": job_hourly_cost(job),
+        # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
+        "never_ran": job.is_terminal and not job.allocations.exists(),
     }
     return render_partial_or_page(
         request,
         page="scheduler/job_detail.html",
         partial="scheduler/partials/_job_status.html",
         context=context,
+        # htmx stops polling on 286 (and still swaps): an ended job's status changes no more
+        status=HTMX_STOP_POLLING if job.is_terminal and wants_partial(request) else 200,
     )
 
 

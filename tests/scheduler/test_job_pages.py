@@ -106,3 +106,27 @@ def test_home_dashboard_shows_my_jobs_and_usage(logged_in):
     run_cycle()
     html = logged_in.get("/").content.decode()
     assert "train" in html and "Concurrent GPUs" in html and "2 / " in html
+
+
+def test_an_ended_job_stops_the_status_poll_and_one_that_never_ran_shows_no_charts(logged_in):
+    logged_in.post("/jobs/new/", FORM)
+    job = Job.objects.get()
+    run_cycle()
+    page = logged_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'hx-trigger="every 2s"' in page and 'data-testid="logs"' in page
+    assert logged_in.get(f"/jobs/{job.pk}/", HTTP_HX_REQUEST="true").status_code == 200
+    logged_in.post(f"/jobs/{job.pk}/cancel/")
+    poll = logged_in.get(f"/jobs/{job.pk}/", HTTP_HX_REQUEST="true")
+    # 286: htmx swaps this last status in and polls no more
+    assert poll.status_code == 286 and "Cancelled" in poll.content.decode()
+    page = logged_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'hx-trigger="every 2s"' not in page
+    assert 'data-testid="logs"' in page and 'data-testid="never-ran"' not in page  # it held GPUs
+
+    rejected = {**FORM, "name": "too-big", "gpus": "64"}
+    logged_in.post("/jobs/new/", rejected)
+    job = Job.objects.get(name="too-big")
+    assert job.state == JobState.REJECTED
+    page = logged_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="never-ran"' in page and 'data-testid="logs"' not in page
+    assert job.failure_reason.split(";")[0] in page
