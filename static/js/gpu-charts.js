@@ -19,23 +19,26 @@
     return function (u, v) { return v == null ? "–" : (Math.round(v * 10) / 10) + " " + unit; };
   }
 
-  function width(el) {
-    var grid = el.classList.contains("mon-chart-grid");
-    var w = el.clientWidth || 600;
-    return Math.max(260, Math.floor(grid && w > 700 ? w / 2 - 24 : w - 16));
+  // A chart fills its holder: one cell of the grid (the grid decides how many fit a row).
+  function width(holder) {
+    return Math.max(240, Math.floor((holder.clientWidth || 600) - 8));
   }
 
-  function makePlot(el, chart, holder) {
+  function makePlot(chart, holder) {
     var series = [{}];
     chart.series.forEach(function (label, i) {
       series.push({ label: label, stroke: color(i), width: 1.5, spanGaps: true, value: fmt(chart.unit) });
     });
     var opts = {
       title: chart.title + " (" + chart.unit + ")",
-      width: width(el),
+      width: width(holder),
       height: 200,
       series: series,
-      scales: { x: { time: true }, y: chart.unit === "%" ? { range: [0, 100] } : {} },
+      scales: {
+        // one sample alone would stretch the axis over years: show the minutes around it
+        x: { time: true, range: function (u, min, max) { return min === max ? [min - 300, max + 60] : [min, max]; } },
+        y: chart.unit === "%" ? { range: [0, 100] } : {},
+      },
       axes: [{}, { size: 60 }],
       legend: { live: true },
     };
@@ -58,7 +61,7 @@
         holder.setAttribute("data-chart-key", chart.key);
         el.appendChild(holder);
       }
-      plots[chart.key] = { plot: makePlot(el, chart, holder), sig: sig, holder: holder };
+      plots[chart.key] = { plot: makePlot(chart, holder), sig: sig, holder: holder };
     });
     var empty = charts.every(function (c) { return c.x.length === 0; });
     var status = el.parentElement && el.parentElement.querySelector("[data-chart-status]");
@@ -151,7 +154,7 @@
     if (frag) { frag.textContent = data.fragmentation ? data.fragmentation.ratio + " %" : "–"; }
     var anyq = root.querySelector("[data-queue-any]");
     if (anyq) { anyq.textContent = data.queue_any.jobs + " job(s), " + data.queue_any.gpus + " GPU(s)"; }
-    var stamp = root.querySelector("[data-updated]");
+    var stamp = document.querySelector("[data-updated]"); // in the page head, outside root
     if (stamp) { stamp.textContent = new Date(data.generated_at * 1000).toLocaleTimeString(); }
   }
 
@@ -183,7 +186,9 @@
     document.querySelectorAll("[data-gpu-charts], [data-gpu-charts-target]").forEach(function (el) {
       var plots = state.get(el);
       if (!plots) { return; }
-      Object.keys(plots).forEach(function (k) { plots[k].plot.setSize({ width: width(el), height: 200 }); });
+      Object.keys(plots).forEach(function (k) {
+        plots[k].plot.setSize({ width: width(plots[k].holder), height: 200 });
+      });
     });
   });
 })();
