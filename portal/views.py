@@ -15,7 +15,7 @@ from portal.middleware import SESSION_KEY
 from portal.models import Role, User
 from scheduler.estimates import model_availability
 from scheduler.models import ACTIVE_STATES, JobState
-from scheduler.selectors import job_list_visible_to, project_quota_usage
+from scheduler.selectors import job_list_visible_to, project_quota_usage, with_landed_model
 
 
 def _user(request: HttpRequest) -> User:
@@ -27,11 +27,11 @@ def home(request: HttpRequest) -> HttpResponse:
     """The researcher's dashboard: my active jobs, GPU-hours against quota, models available."""
     user = _user(request)
     projects = list(selectors.project_list_visible_to(user=user).select_related("quota"))
-    my_jobs = (
+    my_jobs = with_landed_model(
         job_list_visible_to(user=user)
         .filter(submitted_by=user, state__in=[*ACTIVE_STATES, JobState.QUEUED])
-        .order_by("state", "-created_at")[:20]
-    )
+        .order_by("state", "-created_at")
+    )[:20]
     usage = [{"project": p, "rows": project_quota_usage(project=p)[:2]} for p in projects[:8]]
     return render(
         request,

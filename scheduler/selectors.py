@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from portal.db import CompiledQuery, concrete_columns, instance_from_row
@@ -155,6 +155,13 @@ def job_list_visible_to(*, user: User) -> QuerySet[Job]:
         .select_related("project", "gpu_model", "submitted_by")
         .order_by("-created_at", "-pk")
     )
+
+
+def with_landed_model(qs: QuerySet[Job]) -> QuerySet[Job]:
+    """Each job with `landed_on`: the model of the GPUs it holds now (None when it holds
+    none), so that a list can say where a job that named no model runs."""
+    held = Allocation.objects.filter(job=OuterRef("pk"), ended_at__isnull=True)
+    return qs.annotate(landed_on=Subquery(held.values("gpu_model__name")[:1]))
 
 
 def job_get_visible(*, user: User, job_id: int) -> Job:

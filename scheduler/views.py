@@ -117,7 +117,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         error = exc.message
     if request.GET.get("mine"):
         qs = qs.filter(submitted_by=_user(request))
-    page = Paginator(qs, 25).get_page(request.GET.get("page"))
+    page = Paginator(selectors.with_landed_model(qs), 25).get_page(request.GET.get("page"))
     context = {
         "page": page,
         "jobs": page.object_list,

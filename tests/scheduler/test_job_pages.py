@@ -130,3 +130,14 @@ def test_an_ended_job_stops_the_status_poll_and_one_that_never_ran_shows_no_char
     page = logged_in.get(f"/jobs/{job.pk}/").content.decode()
     assert 'data-testid="never-ran"' in page and 'data-testid="logs"' not in page
     assert job.failure_reason.split(";")[0] in page
+
+
+def test_lists_say_which_model_a_job_without_one_landed_on(logged_in):
+    logged_in.post("/jobs/new/", {**FORM, "name": "anywhere", "gpu_model": "", "gpus": "1"})
+    job = Job.objects.get()
+    listed = logged_in.get("/jobs/").content.decode()
+    assert "1 × any" in listed and "(on " not in listed  # queued: holds no GPU yet
+    run_cycle()
+    model = job.allocations.get().gpu_model.name
+    for page in ("/jobs/", "/"):
+        assert f"(on {model})" in logged_in.get(page).content.decode(), page
