@@ -64,7 +64,8 @@ def test_dry_run_panel(logged_in):
     html = logged_in.post(
         "/jobs/dry-run/", {**FORM, "gpus": "0"}, HTTP_HX_REQUEST="true"
     ).content.decode()
-    assert "gpus" in html and "$" not in html
+    assert "<strong>GPUs</strong>: Ensure this value is greater than or equal to 1." in html
+    assert "$" not in html
 
 
 def test_list_detail_logs_and_cancel(logged_in, team, client):
