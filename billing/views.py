@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -26,9 +27,16 @@ def _user(request: HttpRequest) -> User:
 
 
 def _month_nav(period: date) -> dict[str, str]:
+    """Links to the month before and after; none after the month now running (nothing to
+    show there yet)."""
     start, end = selectors.period_bounds(period)
     prev = pricing.month_start(start - timedelta(days=1))
-    return {"prev": f"{prev:%Y-%m}", "next": f"{end:%Y-%m}", "this": f"{start:%Y-%m}"}
+    upcoming = end > timezone.now()
+    return {
+        "prev": f"{prev:%Y-%m}",
+        "next": "" if upcoming else f"{end:%Y-%m}",
+        "this": f"{start:%Y-%m}",
+    }
 
 
 @login_required

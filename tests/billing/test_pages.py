@@ -45,8 +45,10 @@ def test_usage_page_by_model_job_and_day(billed, client, django_assert_max_num_q
     assert "H100-80GB-SXM" in html and "6.0000" in html  # 3 × 2 GPU-hours
     assert 'data-testid="by-day"' in html and "Mon 3 Mar" in html
     assert "Save budget" not in html  # viewers do not manage budgets
+    assert "?month=2025-04" in html and "?month=2025-02" in html  # a past month links both ways
     now_page = c.get("/billing/projects/alpha/usage/").content.decode()
     assert 'data-testid="forecast"' in now_page and "open hour" in now_page
+    assert " →</a>" not in now_page  # nothing to show after the month now running
     partial = c.get("/billing/projects/alpha/usage/?month=2025-03", HTTP_HX_REQUEST="true")
     assert b"<html" not in partial.content and b"by-model" in partial.content
     assert "HX-Request" in partial["Vary"]
