@@ -198,13 +198,19 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
 
 def _placed_quote(
     placement: Placement, spec: JobSpec, *, borrowed: bool
-) -> tuple[Decimal | None, Decimal, Decimal | None]:
-    """The dry run's quote where it would start now: the GPUs the plan gave it, as billed."""
+) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
+    """The dry run's quote where it would start now: the GPUs the plan gave it, as billed
+    (each shard of an array job on the like of them); the plain quote if one of those GPUs
+    is gone since the plan's snapshot."""
     gpus = Gpu.objects.select_related("model").in_bulk([s.gpu_id for s in placement.shares])
+    if not placement.shares or any(s.gpu_id not in gpus for s in placement.shares):
+        return quote(spec, borrowed=borrowed)
     shares = [
         (gpus[s.gpu_id].model, s.milli, gpus[s.gpu_id].capacity_milli) for s in placement.shares
     ]
-    per_hour = shares_cost_per_hour(shares, preemptible=spec.preemptible or borrowed)
+    per_hour = shares_cost_per_hour(
+        shares * spec.shard_count, preemptible=spec.preemptible or borrowed
+    )
     models = {model.pk: model for model, _, _ in shares}
     rate = (
         hooks.price_per_gpu_hour(

@@ -75,6 +75,20 @@ def test_the_quote_where_it_starts_now_is_what_billing_charges(lab, api, fields)
     assert job_hourly_cost(job).low == billed and job_hourly_cost(job).high is None
 
 
+def test_an_array_job_is_quoted_for_all_its_shards(lab, api):
+    dry = dry_run(api, lab["member"], gpu_model="L4", shard_count=3)
+    assert dry["would_start_now"]
+    resp = api(lab["member"]).post(
+        "/api/v1/jobs",
+        {"project": "alpha", "name": "x", "command": "true", "gpu_model": "L4", "shard_count": 3},
+        format="json",
+    )
+    run_cycle()
+    shards = Job.objects.filter(pk__in=[j["id"] for j in resp.json()])
+    assert len(shards) == 3
+    assert Decimal(dry["cost_per_hour"]) == sum(billed_for_its_first_hour(j) for j in shards)
+
+
 def test_a_quarter_of_a_time_sliced_l4(lab, api):
     dry = dry_run(api, lab["member"], gpu_milli=500, gpu_model="L4")
     assert Decimal(dry["cost_per_hour"]) == cents(price("L4") / 4)
@@ -137,3 +151,14 @@ def test_without_billing_the_catalog_price_is_quoted_for_the_part_of_the_device(
     assert shares_cost_per_hour(shares, preemptible=False) == cents(
         l4.price_per_gpu_hour * Decimal("1.25") + h100.price_per_gpu_hour
     )
+
+
+def test_a_gpu_gone_since_the_plan_falls_back_to_the_plain_quote(lab):
+    from scheduler.admission import JobSpec
+    from scheduler.core.model import Share
+    from scheduler.core.plan import Placement
+    from scheduler.estimates import _placed_quote, quote
+
+    spec = JobSpec(name="x", command="true", gpus=1, gpu_model=lab["l4"])
+    gone = Placement(job_id=-1, shares=(Share(node_id=1, gpu_id=10**9, milli=1000),))
+    assert _placed_quote(gone, spec, borrowed=False) == quote(spec)
