@@ -29,7 +29,7 @@ from portal.ratelimit import FixedWindowScopedThrottle
 from portal.selectors import project_get_visible
 from scheduler import selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
-from scheduler.estimates import job_dry_run
+from scheduler.estimates import job_dry_run, job_hourly_cost
 from scheduler.manifest import parse_manifest
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
 
@@ -181,19 +181,48 @@ class PlacementSerializer(serializers.Serializer):  # type: ignore[type-arg]
     gpu_uuid = serializers.CharField()
     gpu_model = serializers.CharField()
     share_milli = serializers.IntegerField()
+    capacity_milli = serializers.IntegerField(
+        help_text="The GPU's capacity: 1000 per device, ×N when time-sliced N ways."
+    )
     since = serializers.DateTimeField()
+
+
+class HourlyCostSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    cost_per_hour = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        help_text="Exact for the GPUs the job holds; else the cheapest model it may land on.",
+    )
+    cost_per_hour_most = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        allow_null=True,
+        help_text="Not placed and no model named: the cost on the dearest model it may land on.",
+    )
 
 
 class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(read_only=True)
     placement = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "env", "working_dir", "placement"]
+        fields = [*JobSerializer.Meta.fields, "env", "working_dir", "placement", "cost"]
 
     @extend_schema_field(PlacementSerializer(many=True))
     def get_placement(self, obj: Job) -> list[dict[str, object]]:
         return selectors.job_placement(obj)
+
+    @extend_schema_field(HourlyCostSerializer(allow_null=True))
+    def get_cost(self, obj: Job) -> dict[str, object] | None:
+        """What the job costs per hour while it runs (null once it ended, or no model fits)."""
+        cost = job_hourly_cost(obj)
+        if cost is None:
+            return None
+        return {
+            "cost_per_hour": f"{cost.low:.2f}",
+            "cost_per_hour_most": None if cost.high is None else f"{cost.high:.2f}",
+        }
 
 
 class JobEventSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]

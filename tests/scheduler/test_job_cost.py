@@ -73,6 +73,9 @@ def test_the_quote_where_it_starts_now_is_what_billing_charges(lab, api, fields)
     assert Decimal(dry["cost_per_hour"]) == billed
     assert Decimal(dry["cost_for_estimate"]) == 2 * billed
     assert job_hourly_cost(job).low == billed and job_hourly_cost(job).high is None
+    detail = api(lab["member"]).get(f"/api/v1/jobs/{job.pk}").json()
+    assert detail["cost"] == {"cost_per_hour": f"{billed:.2f}", "cost_per_hour_most": None}
+    assert all(p["share_milli"] <= p["capacity_milli"] for p in detail["placement"])
 
 
 def test_an_array_job_is_quoted_for_all_its_shards(lab, api):
@@ -109,6 +112,11 @@ def test_a_waiting_job_without_a_model_is_quoted_over_the_fleet_it_may_land_on(l
     assert waiting.allocations.count() == 0
     cost = job_hourly_cost(waiting)
     assert (cost.low, cost.high) == (2 * price("L4"), 2 * price("H100-80GB-SXM"))
+    detail = api(lab["member"]).get(f"/api/v1/jobs/{waiting.pk}").json()
+    assert detail["cost"] == {
+        "cost_per_hour": f"{2 * price('L4'):.2f}",
+        "cost_per_hour_most": f"{2 * price('H100-80GB-SXM'):.2f}",
+    }
     client.force_login(lab["member"])
     page = client.get(f"/jobs/{waiting.pk}/")
     assert page.status_code == 200
