@@ -74,21 +74,27 @@ def _per_hour(rate: Decimal, spec: JobSpec) -> Decimal:
 
 
 def quote(
-    spec: JobSpec, *, borrowed: bool = False
+    spec: JobSpec, *, borrowed: bool = False, candidates: list[GpuModel] | None = None
 ) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
     """(rate per GPU-hour, cost per hour, cost for the runtime estimate). Without a model, the
     cheapest model it may land on sets the rate (see `quote_most` for the dearest)."""
-    model = min(_candidate_models(spec), key=lambda m: m.price_per_gpu_hour, default=None)
+    if candidates is None:
+        candidates = _candidate_models(spec)
+    model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
     if model is None:
         return None, None, None
     rate = hooks.price_per_gpu_hour(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    return rate, _per_hour(rate, spec), _for_estimate(_per_hour(rate, spec), spec)
+    per_hour = _per_hour(rate, spec)
+    return rate, per_hour, _for_estimate(per_hour, spec)
 
 
-def quote_most(spec: JobSpec, *, borrowed: bool = False) -> Decimal | None:
+def quote_most(
+    spec: JobSpec, *, borrowed: bool = False, candidates: list[GpuModel] | None = None
+) -> Decimal | None:
     """Cost per hour on the dearest model a job without one may land on; None where every
     candidate costs the same (or the job names its model)."""
-    candidates = _candidate_models(spec)
+    if candidates is None:
+        candidates = _candidate_models(spec)
     if len({m.price_per_gpu_hour for m in candidates}) < 2:
         return None
     model = max(candidates, key=lambda m: m.price_per_gpu_hour)
@@ -148,10 +154,11 @@ def job_hourly_cost(job: Job) -> HourlyCost | None:
     if job.is_terminal:
         return None
     spec = _spec_of(job)
-    low = quote(spec, borrowed=job.borrowed)[1]
+    candidates = _candidate_models(spec)
+    low = quote(spec, borrowed=job.borrowed, candidates=candidates)[1]
     if low is None:
         return None
-    return HourlyCost(low, quote_most(spec, borrowed=job.borrowed))
+    return HourlyCost(low, quote_most(spec, borrowed=job.borrowed, candidates=candidates))
 
 
 def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
@@ -160,8 +167,8 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
     now = timezone.now()
     quota = Quota.objects.prefetch_related("model_limits").get(project=project)
     verdict: Verdict = admission_verdict(project=project, quota=quota, spec=spec, now=now)
-    rate, per_hour, total = quote(spec, borrowed=verdict.borrowed)
     start_now, estimated, reason, message, position = False, None, "", "", None
+    placed: list[Placement] = []
     if verdict.admit:
         job = _hypothetical_job(spec, project, now)
         job.borrowed = verdict.borrowed
@@ -170,7 +177,6 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         placed = [p for p in decided.placements if p.job_id == DRY_RUN_ID]
         if placed:
             start_now, estimated = True, now
-            rate, per_hour, total = _placed_quote(placed[0], spec, borrowed=verdict.borrowed)
         elif DRY_RUN_ID in decided.pending:
             pending = decided.pending[DRY_RUN_ID]
             reason, message, position = pending.reason.label, pending.message, pending.position
@@ -178,7 +184,13 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         else:  # waits only for the preemption of lower-priority work
             reason = PendingReason.PREEMPTING.label
             message = "Lower-priority preemptible work would be stopped to make room."
-    most = quote_most(spec, borrowed=verdict.borrowed) if not start_now else None
+    if placed:
+        rate, per_hour, total = _placed_quote(placed[0], spec, borrowed=verdict.borrowed)
+        most = None
+    else:
+        candidates = _candidate_models(spec)
+        rate, per_hour, total = quote(spec, borrowed=verdict.borrowed, candidates=candidates)
+        most = quote_most(spec, borrowed=verdict.borrowed, candidates=candidates)
     return DryRun(
         admitted=verdict.admit,
         borrowed=verdict.borrowed,
@@ -211,11 +223,9 @@ def _placed_quote(
     per_hour = shares_cost_per_hour(
         shares * spec.shard_count, preemptible=spec.preemptible or borrowed
     )
-    models = {model.pk: model for model, _, _ in shares}
+    models = {model for model, _, _ in shares}  # one model: its rate per GPU-hour, too
     rate = (
-        hooks.price_per_gpu_hour(
-            gpu_model=next(iter(models.values())), preemptible=spec.preemptible or borrowed
-        )
+        hooks.price_per_gpu_hour(gpu_model=models.pop(), preemptible=spec.preemptible or borrowed)
         if len(models) == 1
         else None
     )
