@@ -78,18 +78,29 @@ def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
     )
 
 
-def shares_cost_per_hour(*, shares: list[tuple[GpuModel, int, int]], preemptible: bool) -> Decimal:
-    """Scheduler hook: what `(gpu_model, share_milli, capacity_milli)` shares cost per hour
-    now, each billed as metering bills it (`pricing.billed_share_milli`)."""
-    return sum(
-        (
-            quote_rate(gpu_model=model, preemptible=preemptible)
-            * pricing.billed_share_milli(share_milli=share, capacity_milli=capacity)
-            / pricing.MILLI
-            for model, share, capacity in shares
-        ),
-        ZERO,
-    )
+def shares_cost_per_hour(
+    *,
+    shares: list[tuple[GpuModel, int, int]],
+    preemptible: bool,
+    table: PriceTable | None = None,
+    now: datetime | None = None,
+) -> Decimal:
+    """Scheduler hook: what `(gpu_model, share_milli, capacity_milli)` shares cost per hour at
+    `now`, each billed as metering bills it (`pricing.billed_share_milli`) at the price
+    version in force (the price list read once, `table` if given)."""
+    table = table or PriceTable.load()
+    now = now or timezone.now()
+    total = ZERO
+    for model, share, capacity in shares:
+        version = table.at(model.pk, now)
+        rate = (
+            version.rate(preemptible=preemptible)
+            if version is not None
+            else quote_rate(gpu_model=model, preemptible=preemptible)
+        )
+        billed = pricing.billed_share_milli(share_milli=share, capacity_milli=capacity)
+        total += rate * billed / pricing.MILLI
+    return total
 
 
 def price_list(*, now: datetime | None = None) -> list[PriceVersion]:
@@ -366,19 +377,20 @@ def usage_summary(
         open_rows = _open_usage(allocs, since=start, now=now)
         summary.open_estimate = pricing.to_cents(pricing.sum_amounts(a for _, a, _ in open_rows))
         table = PriceTable.load()
-        burn = ZERO
-        for alloc in allocs.filter(ended_at__isnull=True).select_related("job", "gpu"):
-            version = table.at(alloc.gpu_model_id, now)
-            preemptible = alloc.job.preemptible or alloc.borrowed
-            rate = (
-                version.rate(preemptible=preemptible)
-                if version
-                else quote_rate(gpu_model=alloc.gpu_model, preemptible=preemptible)
-            )
-            billed = pricing.billed_share_milli(
-                share_milli=alloc.share_milli, capacity_milli=alloc.gpu.capacity_milli
-            )
-            burn += rate * billed / pricing.MILLI
+        burn = sum(
+            (
+                shares_cost_per_hour(
+                    shares=[(alloc.gpu_model, alloc.share_milli, alloc.gpu.capacity_milli)],
+                    preemptible=alloc.job.preemptible or alloc.borrowed,
+                    table=table,
+                    now=now,
+                )
+                for alloc in allocs.filter(ended_at__isnull=True).select_related(
+                    "job", "gpu", "gpu_model"
+                )
+            ),
+            ZERO,
+        )
         summary.burn_per_hour = pricing.to_cents(burn)
         summary.forecast = pricing.forecast_month(
             to_date=summary.to_date,

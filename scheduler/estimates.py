@@ -24,8 +24,8 @@ from scheduler.admission import (
 from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
-from scheduler.models import Gpu, GpuModel, Job, JobState, Node
-from scheduler.selectors import gpu_models_meeting
+from scheduler.models import Gpu, GpuModel, Job, JobState
+from scheduler.selectors import gpu_model_list, gpu_models_meeting
 
 DRY_RUN_ID = -1
 CENT = Decimal("0.01")
@@ -61,11 +61,7 @@ def _candidate_models(spec: JobSpec) -> list[GpuModel]:
     if spec.gpu_model is not None:
         return [spec.gpu_model]
     meeting = gpu_models_meeting(min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions)
-    in_fleet = set(
-        Gpu.objects.filter(
-            model__in=meeting, health="healthy", node__state=Node.State.READY
-        ).values_list("model_id", flat=True)
-    )
+    in_fleet = {m.pk for m in gpu_model_list() if m.fleet_gpus}  # type: ignore[attr-defined]
     return [m for m in meeting if m.pk in in_fleet] or meeting
 
 
