@@ -56,6 +56,7 @@ class JobSpec:
     priority: int = PriorityClass.NORMAL
     preemptible: bool = False
     runtime_estimate_s: int | None = None
+    time_limit_s: int | None = None
     checkpoint_dir: str = ""
     working_dir: str = ""
     image: str = ""
@@ -118,6 +119,17 @@ def spec_validate(spec: JobSpec) -> JobSpec:
         raise bad("priority", "Priority is one of: " + ", ".join(PriorityClass.names).lower() + ".")
     if spec.runtime_estimate_s is not None and not 1 <= spec.runtime_estimate_s <= 90 * 86400:
         raise bad("runtime_estimate_s", "The runtime estimate is 1 second to 90 days.")
+    if spec.time_limit_s is not None and not 60 <= spec.time_limit_s <= 90 * 86400:
+        raise bad("time_limit_s", "The time limit is 1 minute to 90 days.")
+    if (
+        spec.time_limit_s is not None
+        and spec.runtime_estimate_s is not None
+        and spec.runtime_estimate_s > spec.time_limit_s
+    ):
+        raise bad(
+            "runtime_estimate_s",
+            "The runtime estimate is longer than the time limit; the job would be stopped first.",
+        )
     if not 0 <= spec.max_restarts <= 10:
         raise bad("max_restarts", "Allow 0 to 10 restarts.")
     if not 1 <= spec.shard_count <= MAX_SHARDS:
@@ -334,6 +346,7 @@ def job_from_spec(
         priority=spec.priority,
         preemptible=spec.preemptible,
         runtime_estimate_s=spec.runtime_estimate_s,
+        time_limit_s=spec.time_limit_s,
         max_restarts=spec.max_restarts,
         elastic_min=spec.elastic_min,
         elastic_max=spec.elastic_max,

@@ -62,6 +62,14 @@ class JobForm(forms.Form):
         required=False,
         label="Runtime estimate (hours)",
     )
+    time_limit_h = forms.DecimalField(
+        min_value=0,
+        max_value=2160,
+        decimal_places=2,
+        required=False,
+        label="Time limit (hours)",
+        help_text="The job is stopped when it runs longer.",
+    )
     checkpoint_dir = forms.CharField(max_length=500, required=False, label="Checkpoint directory")
     elastic_min = forms.IntegerField(min_value=1, required=False)
     elastic_max = forms.IntegerField(min_value=1, required=False)
@@ -97,6 +105,7 @@ class JobForm(forms.Form):
             return data
         shape = data.get("shape") or "whole"
         runtime_h = data.get("runtime_estimate_h")
+        limit_h = data.get("time_limit_h")
         spec = JobSpec(
             name=data.get("name", ""),
             command=data.get("command", ""),
@@ -111,6 +120,7 @@ class JobForm(forms.Form):
             priority=data.get("priority", PriorityClass.NORMAL),
             preemptible=bool(data.get("preemptible")),
             runtime_estimate_s=int(runtime_h * 3600) if runtime_h else None,
+            time_limit_s=int(limit_h * 3600) if limit_h else None,
             checkpoint_dir=data.get("checkpoint_dir") or "",
             elastic_min=data.get("elastic_min") if shape == "whole" else None,
             elastic_max=data.get("elastic_max") if shape == "whole" else None,
@@ -128,5 +138,7 @@ class JobForm(forms.Form):
             field = exc.field if exc.field in self.fields else None
             if exc.field == "runtime_estimate_s":
                 field = "runtime_estimate_h"
+            if exc.field == "time_limit_s":
+                field = "time_limit_h"
             self.add_error(field, exc.message)
         return data

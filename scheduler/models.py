@@ -223,6 +223,9 @@ class Job(models.Model):
     # What to run
     command = models.TextField(max_length=10_000)
     image = models.CharField(max_length=300, blank=True)
+    image_digest = models.CharField(
+        max_length=100, blank=True, help_text="The image's digest as the node ran it (sha256:…)."
+    )
     env = models.JSONField(default=dict, blank=True)
     working_dir = models.CharField(max_length=500, blank=True)
     checkpoint_dir = models.CharField(max_length=500, blank=True)
@@ -255,6 +258,11 @@ class Job(models.Model):
         default=False, help_text="Admitted over quota: runs only as preemptible work."
     )
     runtime_estimate_s = models.PositiveIntegerField(null=True, blank=True)
+    time_limit_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Wall-clock limit in seconds; past it the job is stopped with 'time limit'.",
+    )
     min_runtime_s = models.PositiveIntegerField(
         default=300, help_text="Not preempted within this long after starting."
     )

@@ -80,6 +80,13 @@ class JobCreateSerializer(StrictSerializer):
     runtime_estimate_s = serializers.IntegerField(
         min_value=1, max_value=90 * 86400, required=False, allow_null=True
     )
+    time_limit_s = serializers.IntegerField(
+        min_value=60,
+        max_value=90 * 86400,
+        required=False,
+        allow_null=True,
+        help_text="Wall-clock limit in seconds; past it the job is stopped with 'time limit'.",
+    )
     checkpoint_dir = serializers.CharField(
         max_length=500, required=False, allow_blank=True, default=""
     )
@@ -128,6 +135,7 @@ class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type:
             "submitted_by",
             "command",
             "image",
+            "image_digest",
             "gpus",
             "gpu_milli",
             "gpu_memory_mib",
@@ -142,6 +150,7 @@ class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type:
             "preemptible",
             "borrowed",
             "runtime_estimate_s",
+            "time_limit_s",
             "checkpoint_dir",
             "max_restarts",
             "restarts",
