@@ -33,7 +33,7 @@ lint: venv ## ruff (lint and format check)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: venv ## mypy on the typed packages (strict for scheduler.core)
-	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy portal scheduler billing monitoring agent
+	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy config web portal scheduler billing monitoring agent
 
 migrations-check: venv ## Fail if a model change has no migration
 	DJANGO_SECRET_KEY=check DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
@@ -53,7 +53,7 @@ clean: ## Remove local state (database, broker files); keeps the virtualenv
 	rm -rf var db.sqlite3
 
 deploy-check: venv ## Django's deployment checks with production settings
-	DJANGO_SETTINGS_MODULE=portal.settings.production \
+	DJANGO_SETTINGS_MODULE=config.settings.production \
 	DJANGO_SECRET_KEY="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')" \
 	DATABASE_URL=postgres://portal@db.invalid/portal DJANGO_ALLOWED_HOSTS=portal.example.org \
 	$(PY) manage.py check --deploy --fail-level WARNING

@@ -15,7 +15,7 @@ def setup(db_suffix: str = "bench") -> str:
     parts = urlparse(base)
     name = f"{parts.path.lstrip('/') or 'gpuportal'}_{db_suffix}"
     os.environ["DATABASE_URL"] = urlunparse(parts._replace(path=f"/{name}"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.test")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
     import psycopg
 
     admin = urlunparse(parts._replace(path="/postgres"))

@@ -114,7 +114,7 @@ class Stack:
     def start(self) -> None:
         self._spawn(
             "gunicorn",
-            "portal.wsgi",
+            "config.wsgi",
             "-b",
             f"127.0.0.1:{self.port}",
             "-w",
@@ -127,7 +127,7 @@ class Stack:
         self._spawn(
             "celery",
             "-A",
-            "portal",
+            "config",
             "worker",
             "-Q",
             self.queues,
@@ -140,7 +140,7 @@ class Stack:
         )
         beat_file = Path(tempfile.mkdtemp(prefix="bench-beat-")) / "schedule"
         self._spawn(
-            "celery", "-A", "portal", "beat", "--loglevel", "WARNING", "--schedule", str(beat_file)
+            "celery", "-A", "config", "beat", "--loglevel", "WARNING", "--schedule", str(beat_file)
         )
         wait_port(self.url)
 

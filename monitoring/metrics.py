@@ -1,7 +1,7 @@
 """Prometheus exposition: GPU metrics under the DCGM exporter's names and labels, plus portal
 metrics (queue, allocations, capacity, fragmentation, scheduling cycle, alerts).
 
-Served at `/metrics` (root URL, wired in portal/urls.py) and `/monitoring/metrics`. Access needs
+Served at `/metrics` (root URL, wired in config/urls.py) and `/monitoring/metrics`. Access needs
 `Authorization: Bearer <METRICS_TOKEN>` (compared in constant time) or a client address in
 `METRICS_ALLOWED_IPS` (addresses or CIDR networks; REMOTE_ADDR only, never a forwarded header).
 """

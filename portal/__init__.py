@@ -1,5 +1,2 @@
-"""The portal: settings, Celery app, URL root, tenancy and the UI shell."""
-
-from portal.celery import app as celery_app
-
-__all__ = ["celery_app"]
+"""Tenancy: users, projects, memberships, API tokens and audit events, plus the shared web plumbing
+(middleware, htmx helpers, rate limits, API base classes) every app builds on. Imports none of ours."""

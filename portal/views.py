@@ -1,4 +1,4 @@
-"""Pages of the UI shell: home, project page with members and quotas, API tokens."""
+"""Tenancy pages: membership changes on a project, API tokens (the project page is in `web`)."""
 
 from __future__ import annotations
 
@@ -11,55 +11,11 @@ from django.views.decorators.http import require_POST
 from portal import selectors, services
 from portal.errors import DomainError
 from portal.forms import MemberAddForm, MemberRoleForm, TokenCreateForm
-from portal.middleware import SESSION_KEY
-from portal.models import Role, User
-from scheduler.estimates import model_availability
-from scheduler.models import ACTIVE_STATES, JobState
-from scheduler.selectors import job_list_visible_to, project_quota_usage, with_landed_model
+from portal.models import User
 
 
 def _user(request: HttpRequest) -> User:
     return request.user  # type: ignore[return-value]
-
-
-@login_required
-def home(request: HttpRequest) -> HttpResponse:
-    """The researcher's dashboard: my active jobs, GPU-hours against quota, models available."""
-    user = _user(request)
-    projects = list(selectors.project_list_visible_to(user=user).select_related("quota"))
-    my_jobs = with_landed_model(
-        job_list_visible_to(user=user)
-        .filter(submitted_by=user, state__in=[*ACTIVE_STATES, JobState.QUEUED])
-        .order_by("state", "-created_at")
-    )[:20]
-    usage = [{"project": p, "rows": project_quota_usage(project=p)[:2]} for p in projects[:8]]
-    return render(
-        request,
-        "portal/home.html",
-        {
-            "projects": projects,
-            "my_jobs": my_jobs,
-            "usage": usage,
-            "availability": model_availability(),
-        },
-    )
-
-
-@login_required
-def project_detail(request: HttpRequest, slug: str) -> HttpResponse:
-    project = selectors.project_with_quota(user=_user(request), slug=slug)
-    request.session[SESSION_KEY] = project.slug
-    role = selectors.project_role_of(user=_user(request), project=project)
-    context = {
-        "project": project,
-        "role": role,
-        "is_owner": role == Role.OWNER,
-        "memberships": selectors.membership_list(project=project),
-        "quota_rows": project_quota_usage(project=project),
-        "add_form": MemberAddForm(),
-        "roles": Role.choices,
-    }
-    return render(request, "portal/project_detail.html", context)
 
 
 @login_required

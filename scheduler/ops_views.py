@@ -17,7 +17,7 @@ from django.views.decorators.http import require_POST
 from portal.errors import DomainError
 from portal.htmx import render_partial_or_page
 from portal.models import User
-from scheduler.models import Allocation, Autoscaler, Gpu, Job, JobState, Node, Pool
+from scheduler.models import Autoscaler, Gpu, Job, JobState, Node, Pool
 from scheduler.nodes import loss_storm, node_set_state
 from scheduler.selectors import latest_telemetry
 
@@ -72,36 +72,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@staff_required
-def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
-    node = get_object_or_404(Node.objects.select_related("pool", "autoscaler"), pk=node_id)
-    gpus = list(node.gpus.select_related("model").order_by("index"))
-    samples = latest_telemetry([g.pk for g in gpus])
-    work: dict[int, list[Allocation]] = {}
-    for a in Allocation.objects.filter(node=node, ended_at__isnull=True).select_related(
-        "job", "job__project"
-    ):
-        work.setdefault(a.gpu_id, []).append(a)
-    context = {
-        "node": node,
-        "gpus": [
-            {"gpu": g, "sample": samples.get(g.pk, {}), "work": work.get(g.pk, [])} for g in gpus
-        ],
-        "jobs": Job.objects.filter(allocations__node=node, allocations__ended_at__isnull=True)
-        .distinct()
-        .select_related("project"),
-        "events": node.events.select_related("gpu")[:50],
-        "actions": _actions_for(node),
-    }
-    return render_partial_or_page(
-        request,
-        page="ops/node_detail.html",
-        partial="ops/partials/_node_gpus.html",
-        context=context,
-    )
-
-
-def _actions_for(node: Node) -> list[tuple[str, str, str]]:
+def node_actions(node: Node) -> list[tuple[str, str, str]]:
     """(action, label, confirmation) the node's state allows."""
     options: dict[str, list[tuple[str, str, str]]] = {
         Node.State.READY: [

@@ -10,12 +10,12 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.errors import DomainError
-from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
-from portal.models import PriorityClass, Role, User
-from portal.selectors import project_list_visible_to, project_role_of
+from portal.htmx import render_partial_or_page, wants_partial
+from portal.models import Role, User
+from portal.selectors import project_list_visible_to
 from scheduler import selectors
 from scheduler.admission import job_cancel, job_submit
-from scheduler.estimates import job_dry_run, job_hourly_cost, model_availability
+from scheduler.estimates import job_dry_run, model_availability
 from scheduler.forms import JobForm
 from scheduler.models import PRECISIONS, JobState, LogChunk
 from scheduler.selectors import CatalogFilter, gpu_model_list
@@ -132,30 +132,6 @@ def job_list(request: HttpRequest) -> HttpResponse:
         partial="scheduler/partials/_job_table.html",
         context=context,
         status=400 if error and not wants_partial(request) else 200,
-    )
-
-
-@login_required
-def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
-    role = project_role_of(user=_user(request), project=job.project)
-    context = {
-        "job": job,
-        "priority": PriorityClass(job.priority).label,
-        "events": job.events.all(),
-        "placement": selectors.job_placement(job),
-        "can_cancel": role in (Role.OWNER, Role.MEMBER) and not job.is_terminal,
-        "hourly_cost": job_hourly_cost(job),
-        # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
-        "never_ran": job.is_terminal and not job.allocations.exists(),
-    }
-    return render_partial_or_page(
-        request,
-        page="scheduler/job_detail.html",
-        partial="scheduler/partials/_job_status.html",
-        context=context,
-        # htmx stops polling on 286 (and still swaps): an ended job's status changes no more
-        status=HTMX_STOP_POLLING if job.is_terminal and wants_partial(request) else 200,
     )
 
 

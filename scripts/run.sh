@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
 CELERY=${VENV:-.venv}/bin/celery
 PORT=${PORT:-8000}
-export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-portal.settings.local}
+export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-config.settings.local}
 export AGENT_PORTAL_URL="http://127.0.0.1:${PORT}"
 mkdir -p var/broker var/log var/agents
 "$PY" manage.py migrate --noinput -v0
@@ -22,10 +22,10 @@ trap stop EXIT INT TERM
 
 "$PY" manage.py runserver "127.0.0.1:${PORT}" --noreload >var/log/web.log 2>&1 &
 pids+=($!)
-"$CELERY" -A portal worker -Q scheduler,default,provisioning,telemetry,billing \
+"$CELERY" -A config worker -Q scheduler,default,provisioning,telemetry,billing \
   --pool threads --concurrency 4 --loglevel INFO >var/log/worker.log 2>&1 &
 pids+=($!)
-"$CELERY" -A portal beat --schedule var/celerybeat-schedule --loglevel INFO >var/log/beat.log 2>&1 &
+"$CELERY" -A config beat --schedule var/celerybeat-schedule --loglevel INFO >var/log/beat.log 2>&1 &
 pids+=($!)
 
 # Wait for the web server before the agents register.

@@ -68,6 +68,6 @@ if [ -z "${CHROMIUM_PATH:-}" ]; then
   export CHROMIUM_PATH
 fi
 
-export DJANGO_SETTINGS_MODULE=portal.settings.test
+export DJANGO_SETTINGS_MODULE=config.settings.test
 echo "test: PostgreSQL $DATABASE_URL, Redis $REDIS_URL, Chromium ${CHROMIUM_PATH:-none}"
 "$PY" -m pytest "$@"

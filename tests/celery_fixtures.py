@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from portal.celery import app
+from config.celery import app
 
 
 @pytest.fixture

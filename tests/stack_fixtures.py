@@ -121,7 +121,7 @@ class Web:
         self.env = {
             **os.environ,
             "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-            "DJANGO_SETTINGS_MODULE": "portal.settings.test",
+            "DJANGO_SETTINGS_MODULE": "config.settings.test",
             **env,
         }
         self.log = log
@@ -134,7 +134,7 @@ class Web:
                     sys.executable,
                     "-m",
                     "gunicorn",
-                    "portal.wsgi",
+                    "config.wsgi",
                     "-b",
                     f"127.0.0.1:{self.port}",
                     "-w",

@@ -2,7 +2,7 @@
 no GPU double-allocated, no job lost or running twice, no usage lost or counted twice, no
 invoice issued twice.
 
-- a Celery worker process (a real `celery -A portal worker` subprocess) SIGKILLed in the middle
+- a Celery worker process (a real `celery -A config worker` subprocess) SIGKILLed in the middle
   of metering, invoicing and a scheduling cycle: acks_late + reject_on_worker_lost redeliver the
   task, which must be idempotent;
 - PostgreSQL connections terminated (pg_terminate_backend) while jobs run on the stack;
@@ -44,13 +44,13 @@ def _at(text: str) -> datetime:
 
 
 class Worker:
-    """`celery -A portal worker` (prefork, one child) on this test run's broker and database."""
+    """`celery -A config worker` (prefork, one child) on this test run's broker and database."""
 
     def __init__(self, log: Path) -> None:
         db = connection.settings_dict
         env = dict(os.environ)
         env.update(
-            DJANGO_SETTINGS_MODULE="portal.settings.test",
+            DJANGO_SETTINGS_MODULE="config.settings.test",
             DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
             PYTHONUNBUFFERED="1",
         )
@@ -61,7 +61,7 @@ class Worker:
                 "-m",
                 "celery",
                 "-A",
-                "portal",
+                "config",
                 "worker",
                 "-Q",
                 "scheduler,billing,default",

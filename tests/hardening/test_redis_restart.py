@@ -90,7 +90,7 @@ def test_redis_restart_while_jobs_are_queued_and_running(team, fleet, tmp_path):
             with open(tmp_path / f"{args[0]}.log", "ab") as out:
                 workers.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "celery", "-A", "portal", *args],
+                        [sys.executable, "-m", "celery", "-A", "config", *args],
                         cwd=ROOT,
                         env=web.env,
                         stdout=out,

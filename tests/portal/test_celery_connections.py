@@ -10,7 +10,7 @@ import pytest
 from django.core.cache import cache
 from django.db import connection, connections
 
-from portal.celery import app
+from config.celery import app
 from tests.celery_fixtures import wait_for
 
 

@@ -1,7 +1,7 @@
 """Production: every secret from the environment, HTTPS only, PostgreSQL and Redis required."""
 
-from portal.settings.base import *  # noqa: F403
-from portal.settings.base import env, prepared_statements
+from config.settings.base import *  # noqa: F403
+from config.settings.base import env, prepared_statements
 
 DEBUG = False
 DATABASES = {"default": env.db("DATABASE_URL")}

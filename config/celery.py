@@ -7,9 +7,9 @@ from celery import Celery
 from celery.signals import task_postrun, task_prerun
 from django.db import close_old_connections
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.local")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
-app = Celery("portal")
+app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

@@ -6,7 +6,7 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-not-secret")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 
-from portal.settings.base import *  # noqa: F403
+from config.settings.base import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STORAGES = {

@@ -5,7 +5,7 @@ import os
 os.environ.setdefault("DJANGO_SECRET_KEY", "local-development-only-not-secret")
 os.environ.setdefault("DJANGO_DEBUG", "true")
 
-from portal.settings.base import *  # noqa: F403
+from config.settings.base import *  # noqa: F403
 
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "scheduler",
     "billing",
     "monitoring",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -48,8 +49,8 @@ MIDDLEWARE = [
     "portal.middleware.DomainErrorMiddleware",
 ]
 
-ROOT_URLCONF = "portal.urls"
-WSGI_APPLICATION = "portal.wsgi.application"
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
 AUTH_USER_MODEL = "portal.User"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
@@ -208,7 +209,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TIMEZONE = "UTC"
 # Celery's Django fixup closes every database connection before and after each task unless
 # this is set: a new PostgreSQL backend for every scheduling cycle. Set, it closes them only
-# every 2 × this many tasks; `portal/celery.py` closes them as Django does after a request
+# every 2 × this many tasks; `config/celery.py` closes them as Django does after a request
 # (past CONN_MAX_AGE, or unusable), so with CONN_MAX_AGE = 0 that is still after every task.
 CELERY_DB_REUSE_MAX = 1_000_000
 
@@ -262,8 +263,8 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-from portal.settings.billing import *  # noqa: E402,F403
-from portal.settings.monitoring import *  # noqa: E402,F403
+from config.settings.billing import *  # noqa: E402,F403
+from config.settings.monitoring import *  # noqa: E402,F403
 
 CELERY_BEAT_SCHEDULE.update(BILLING_BEAT_SCHEDULE)  # noqa: F405
 CELERY_BEAT_SCHEDULE.update(MONITORING_BEAT_SCHEDULE)  # noqa: F405

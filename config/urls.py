@@ -1,4 +1,4 @@
-"""URL root: pages, the admin, the API and its schema and docs."""
+"""URL root: pages, the admin, the API and its schema and docs (the top layer: it may import every app)."""
 
 from django.conf import settings
 from django.contrib import admin
@@ -12,16 +12,17 @@ from portal.forms import EmailLoginForm
 from portal.ratelimit import ratelimited
 from scheduler import ops_views
 from scheduler import views as scheduler_views
+from web import views as web_views
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", web_views.home, name="home"),
     path(
         "login/",
         auth_views.LoginView.as_view(authentication_form=EmailLoginForm),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("projects/<slug:slug>/", views.project_detail, name="project-detail"),
+    path("projects/<slug:slug>/", web_views.project_detail, name="project-detail"),
     path("projects/<slug:slug>/members/add/", views.member_add, name="member-add"),
     path(
         "projects/<slug:slug>/members/<int:membership_id>/role/",
@@ -39,7 +40,7 @@ urlpatterns = [
     path("jobs/", scheduler_views.job_list, name="job-list"),
     path("jobs/new/", scheduler_views.job_new, name="job-new"),
     path("jobs/dry-run/", scheduler_views.job_dry_run_view, name="job-dry-run"),
-    path("jobs/<int:job_id>/", scheduler_views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/", web_views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", scheduler_views.job_cancel_view, name="job-cancel"),
     path("jobs/<int:job_id>/logs/", scheduler_views.job_logs, name="job-logs"),
     path(
@@ -50,7 +51,7 @@ urlpatterns = [
     path("billing/", include("billing.urls")),
     path("monitoring/", include("monitoring.urls")),
     path("ops/nodes/", ops_views.node_list, name="ops-nodes"),
-    path("ops/nodes/<int:node_id>/", ops_views.node_detail, name="ops-node-detail"),
+    path("ops/nodes/<int:node_id>/", web_views.node_detail, name="ops-node-detail"),
     path("ops/nodes/<int:node_id>/<slug:action>/", ops_views.node_action, name="ops-node-action"),
     path("ops/pools/", ops_views.pool_list, name="ops-pools"),
     path("metrics", ratelimited("metrics", settings.METRICS_RATE)(metrics_view), name="metrics"),

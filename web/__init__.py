@@ -1,0 +1,1 @@
+"""The top layer's pages: composite views that show several apps at once (may import every app)."""

@@ -1,0 +1,131 @@
+"""The composite pages of the top layer: each shows what several apps know about one thing.
+
+The dashboard (jobs, quota use, models available), the project page (members and its quotas), the
+job page (its status, monitoring's charts, its cost) and an operator's node page (its GPUs and
+monitoring's charts). Domain apps' templates never include one another's partials: these do.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+
+from portal.forms import MemberAddForm
+from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
+from portal.middleware import SESSION_KEY
+from portal.models import PriorityClass, Role, User
+from portal.selectors import (
+    membership_list,
+    project_list_visible_to,
+    project_role_of,
+    project_with_quota,
+)
+from scheduler.estimates import job_hourly_cost, model_availability
+from scheduler.models import ACTIVE_STATES, Allocation, Job, JobState, Node
+from scheduler.ops_views import node_actions, staff_required
+from scheduler.selectors import (
+    job_get_visible,
+    job_list_visible_to,
+    job_placement,
+    latest_telemetry,
+    project_quota_usage,
+    with_landed_model,
+)
+
+
+def _user(request: HttpRequest) -> User:
+    return request.user  # type: ignore[return-value]
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """The researcher's dashboard: my active jobs, GPU-hours against quota, models available."""
+    user = _user(request)
+    projects = list(project_list_visible_to(user=user).select_related("quota"))
+    my_jobs = with_landed_model(
+        job_list_visible_to(user=user)
+        .filter(submitted_by=user, state__in=[*ACTIVE_STATES, JobState.QUEUED])
+        .order_by("state", "-created_at")
+    )[:20]
+    usage = [{"project": p, "rows": project_quota_usage(project=p)[:2]} for p in projects[:8]]
+    return render(
+        request,
+        "web/home.html",
+        {
+            "projects": projects,
+            "my_jobs": my_jobs,
+            "usage": usage,
+            "availability": model_availability(),
+        },
+    )
+
+
+@login_required
+def project_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    project = project_with_quota(user=_user(request), slug=slug)
+    request.session[SESSION_KEY] = project.slug
+    role = project_role_of(user=_user(request), project=project)
+    context = {
+        "project": project,
+        "role": role,
+        "is_owner": role == Role.OWNER,
+        "memberships": membership_list(project=project),
+        "quota_rows": project_quota_usage(project=project),
+        "add_form": MemberAddForm(),
+        "roles": Role.choices,
+    }
+    return render(request, "web/project_detail.html", context)
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = job_get_visible(user=_user(request), job_id=job_id)
+    role = project_role_of(user=_user(request), project=job.project)
+    context = {
+        "job": job,
+        "priority": PriorityClass(job.priority).label,
+        "events": job.events.all(),
+        "placement": job_placement(job),
+        "can_cancel": role in (Role.OWNER, Role.MEMBER) and not job.is_terminal,
+        "hourly_cost": job_hourly_cost(job),
+        # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
+        "never_ran": job.is_terminal and not job.allocations.exists(),
+    }
+    return render_partial_or_page(
+        request,
+        page="web/job_detail.html",
+        partial="scheduler/partials/_job_status.html",
+        context=context,
+        # htmx stops polling on 286 (and still swaps): an ended job's status changes no more
+        status=HTMX_STOP_POLLING if job.is_terminal and wants_partial(request) else 200,
+    )
+
+
+@staff_required
+def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
+    node = get_object_or_404(Node.objects.select_related("pool", "autoscaler"), pk=node_id)
+    gpus = list(node.gpus.select_related("model").order_by("index"))
+    samples = latest_telemetry([g.pk for g in gpus])
+    work: dict[int, list[Allocation]] = {}
+    for a in Allocation.objects.filter(node=node, ended_at__isnull=True).select_related(
+        "job", "job__project"
+    ):
+        work.setdefault(a.gpu_id, []).append(a)
+    context = {
+        "node": node,
+        "gpus": [
+            {"gpu": g, "sample": samples.get(g.pk, {}), "work": work.get(g.pk, [])} for g in gpus
+        ],
+        "jobs": Job.objects.filter(allocations__node=node, allocations__ended_at__isnull=True)
+        .distinct()
+        .select_related("project"),
+        "events": node.events.select_related("gpu")[:50],
+        "actions": node_actions(node),
+    }
+    return render_partial_or_page(
+        request,
+        page="web/node_detail.html",
+        partial="ops/partials/_node_gpus.html",
+        context=context,
+    )
