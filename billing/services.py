@@ -38,6 +38,7 @@ from billing.models import (
 )
 from billing.rates import PriceTable
 from portal.audit import audit_record
+from portal.enqueue import enqueue
 from portal.errors import Conflict, DomainError, NotFound
 from portal.models import Membership, Project, Role, User
 from portal.services import require_role
@@ -904,12 +905,10 @@ def invoice_close(
         target=invoice,
         data={"number": invoice.number, "total": str(invoice.total), "lines": len(lines.rows)},
     )
-    from billing import tasks
-
     invoice_id = invoice.pk
-    transaction.on_commit(lambda: tasks.send_invoice_email.delay(invoice_id))
+    transaction.on_commit(lambda: enqueue("billing.send_invoice_email", invoice_id))
     if gateway.enabled():
-        transaction.on_commit(lambda: tasks.push_invoice_to_stripe.delay(invoice_id))
+        transaction.on_commit(lambda: enqueue("billing.push_invoice_to_stripe", invoice_id))
     return invoice
 
 

@@ -20,6 +20,7 @@ from portal.errors import DomainError
 from portal.models import PriorityClass, Project, Quota, Role, User
 from portal.services import require_role
 from scheduler import hooks
+from scheduler.cycle_requests import request_cycle
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
 from scheduler.selectors import gpu_models_meeting, month_start, project_gpu_hours
 from scheduler.transitions import can_transition, job_transition
@@ -440,8 +441,6 @@ def job_submit(
         remote_addr=remote_addr,
     )
     if verdict.admit:
-        from scheduler.tasks import request_cycle
-
         transaction.on_commit(request_cycle)
     return jobs
 
@@ -459,7 +458,5 @@ def job_cancel(*, actor: User, job: Job, remote_addr: str | None = None) -> Job:
     audit_record(
         actor=actor, action="job.cancel", target=job, project=job.project, remote_addr=remote_addr
     )
-    from scheduler.tasks import request_cycle
-
     transaction.on_commit(request_cycle)
     return job

@@ -23,6 +23,7 @@ from portal.db import AnyOf, CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler import health, hooks
+from scheduler.cycle_requests import request_cycle
 from scheduler.dispatch import assignments_changed
 from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node, NodeEvent
 from scheduler.selectors import telemetry_key
@@ -625,8 +626,6 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
                 data=data,
                 update_fields=("exit_code", "failure_reason"),
             )
-    from scheduler.tasks import request_cycle
-
     transaction.on_commit(request_cycle)
     return job
 
@@ -724,8 +723,6 @@ def lost_nodes_sweep(*, now: datetime | None = None) -> list[int]:
                 _job_lost(job, node)
             lost.append(node.pk)
     if lost:
-        from scheduler.tasks import request_cycle
-
         request_cycle()
     return lost
 

@@ -11,6 +11,7 @@ from django.core.cache import cache
 
 from portal.locks import single_flight
 from scheduler.cycle import run_cycle
+from scheduler.cycle_requests import CYCLE_REQUESTED, CYCLE_RETRY_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +49,6 @@ def scheduling_cycle() -> dict[str, int] | None:
         "preempted": len(result.preempted),
         "pending": result.pending,
     }
-
-
-CYCLE_REQUESTED = "scheduler:cycle-requested"
-CYCLE_RETRY_SECONDS = 0.25  # a cycle that found another running tries again this much later
-
-
-def request_cycle() -> None:
-    """Ask for a cycle soon (job submitted or ended). Call after commit.
-
-    Requests coalesce: while one cycle is already queued, more requests add nothing, since
-    that cycle sees every job queued before it starts.
-    """
-    if getattr(settings, "SCHEDULER_SYNC_CYCLE", False):
-        scheduling_cycle.apply()
-        return
-    if cache.add(CYCLE_REQUESTED, 1, timeout=5):
-        scheduling_cycle.delay()
 
 
 @shared_task(name="scheduler.health_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)

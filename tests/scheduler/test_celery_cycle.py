@@ -36,7 +36,7 @@ def test_cycle_is_single_flight(celery_live_worker, team, fleet):
 @pytest.mark.django_db
 def test_cycle_requests_coalesce_while_one_is_queued(settings):
     from portal.locks import redis_client
-    from scheduler.tasks import request_cycle
+    from scheduler.cycle_requests import request_cycle
 
     queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "scheduler"
     client = redis_client()
