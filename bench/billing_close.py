@@ -55,8 +55,8 @@ def build(accounts: int, jobs_per_account: int, hours: int) -> dict[str, float]:
     """Fill the bench database; returns seconds per phase."""
     from billing import services
     from billing.models import BillingAccount, CreditGrant, Invoice, ProjectBilling
-    from portal.models import Membership, Project, Quota, Role, User
-    from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool
+    from portal.models import Membership, Project, Role, User
+    from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool, Quota
     from scheduler.services import catalog_seed
 
     timings: dict[str, float] = {}

@@ -22,8 +22,8 @@ def seed(n_nodes: int, n_jobs: int) -> None:
     from django.db import transaction
     from django.utils import timezone
 
-    from portal.models import Project, Quota, User
-    from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool
+    from portal.models import Project, User
+    from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool, Quota
     from scheduler.services import catalog_seed
 
     catalog_seed()

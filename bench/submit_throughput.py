@@ -28,9 +28,9 @@ from bench.stack import Stack, cpu_seconds, cpu_table
 
 
 def seed(n_nodes: int, web_url: str) -> tuple[str, dict[str, str]]:
-    from portal.models import Quota, User
+    from portal.models import User
     from portal.services import project_create, token_create
-    from scheduler.models import GpuModel, Pool
+    from scheduler.models import GpuModel, Pool, Quota
     from scheduler.nodes import node_issue_agent_token
     from scheduler.services import catalog_seed, node_register_simulated
 

@@ -11,7 +11,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from portal.audit import audit_record
-from portal.models import ApiToken, AuditEvent, Membership, Project, Quota, QuotaModelLimit, User
+from portal.models import ApiToken, AuditEvent, Membership, Project, User
 
 
 class AuditedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -78,28 +78,6 @@ class MembershipAdmin(AuditedAdmin):
     readonly_fields = ["created_at"]
 
 
-class QuotaModelLimitInline(admin.TabularInline):  # type: ignore[type-arg]
-    model = QuotaModelLimit
-    extra = 0
-
-
-@admin.register(Quota)
-class QuotaAdmin(AuditedAdmin):
-    list_display = [
-        "project",
-        "max_gpus",
-        "gpu_hours_per_month",
-        "max_gpus_per_job",
-        "max_priority",
-        "allow_borrowing",
-        "updated_at",
-    ]
-    list_filter = ["allow_borrowing", "max_priority"]
-    search_fields = ["project__slug", "project__name"]
-    readonly_fields = ["updated_at"]
-    inlines = [QuotaModelLimitInline]
-
-
 @admin.register(ApiToken)
 class ApiTokenAdmin(AuditedAdmin):
     list_display = ["name", "user", "prefix", "created_at", "last_used_at", "revoked_at"]
@@ -139,10 +117,3 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-
-@admin.register(QuotaModelLimit)
-class QuotaModelLimitAdmin(AuditedAdmin):
-    list_display = ["quota", "gpu_model", "max_gpus"]
-    list_filter = ["gpu_model"]
-    search_fields = ["quota__project__slug"]

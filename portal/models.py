@@ -1,4 +1,4 @@
-"""Tenancy: users (email login), projects, memberships and roles, API tokens, quotas, audit."""
+"""Tenancy: users (email login), projects, memberships and roles, API tokens, audit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, BaseUserManager, PermissionsMixin
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -60,15 +60,6 @@ class Role(models.TextChoices):
     VIEWER = "viewer", "Viewer"
 
 
-class PriorityClass(models.IntegerChoices):
-    """Scheduling priority; a project's quota caps the highest class its jobs may ask for."""
-
-    LOW = 0, "Low"
-    NORMAL = 1, "Normal"
-    HIGH = 2, "High"
-    URGENT = 3, "Urgent"
-
-
 slug_validator = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
     "Use 1-50 lowercase letters, digits and hyphens, not starting or ending with a hyphen.",
@@ -76,7 +67,7 @@ slug_validator = RegexValidator(
 
 
 class Project(models.Model):
-    """The tenant: jobs, quotas, budgets and invoices belong to a project."""
+    """The tenant: jobs, quotas, budgets and invoices (of the apps above) belong to a project."""
 
     slug = models.SlugField(max_length=50, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=100)
@@ -113,51 +104,6 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.project} ({self.role})"
-
-
-class Quota(models.Model):
-    """A project's limits. Null means unlimited. Enforced when jobs are admitted."""
-
-    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="quota")
-    max_gpus = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Concurrent GPUs across all models (blank: unlimited)."
-    )
-    gpu_hours_per_month = models.PositiveIntegerField(
-        null=True, blank=True, help_text="GPU-hours per calendar month (blank: unlimited)."
-    )
-    max_gpus_per_job = models.PositiveIntegerField(
-        default=8, validators=[MinValueValidator(1), MaxValueValidator(4096)]
-    )
-    max_priority = models.PositiveSmallIntegerField(
-        choices=PriorityClass.choices, default=PriorityClass.NORMAL
-    )
-    allow_borrowing = models.BooleanField(
-        default=True, help_text="Over-quota work may run as preemptible when GPUs are idle."
-    )
-    updated_at = models.DateTimeField(auto_now=True)
-
-    def __str__(self) -> str:
-        return f"Quota of {self.project}"
-
-
-class QuotaModelLimit(models.Model):
-    """Concurrent GPUs of one model a project may hold."""
-
-    quota = models.ForeignKey(Quota, on_delete=models.CASCADE, related_name="model_limits")
-    gpu_model = models.ForeignKey("scheduler.GpuModel", on_delete=models.CASCADE)
-    max_gpus = models.PositiveIntegerField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["quota", "gpu_model"],
-                name="quota_model_limit_unique",
-                violation_error_message="This GPU model already has a limit in this quota.",
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.gpu_model}: {self.max_gpus}"
 
 
 class ApiToken(models.Model):

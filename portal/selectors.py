@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import QuerySet
 
 from portal.errors import NotFound
 from portal.models import ApiToken, Membership, Project, Role, User
@@ -58,15 +58,6 @@ def project_role_of(*, user: User, project: Project) -> str | None:
 
 def membership_list(*, project: Project) -> QuerySet[Membership]:
     return Membership.objects.filter(project=project).select_related("user").order_by("user__email")
-
-
-def project_with_quota(*, user: User, slug: str) -> Project:
-    project = project_get_visible(user=user, slug=slug)
-    return (
-        Project.objects.select_related("quota")
-        .prefetch_related(Prefetch("quota__model_limits"))
-        .get(pk=project.pk)
-    )
 
 
 def token_list_of(*, user: User) -> QuerySet[ApiToken]:

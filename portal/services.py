@@ -1,4 +1,6 @@
-"""Writes for tenancy: projects, memberships, roles, tokens and quotas. Each one is audited."""
+"""Writes for tenancy: projects, memberships, roles and tokens. Each one is audited.
+
+A new project's quota row is the scheduler's (`scheduler.quotas`, on `post_save`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from django.utils import timezone
 
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
-from portal.models import ApiToken, Membership, Project, Quota, Role, User
+from portal.models import ApiToken, Membership, Project, Role, User
 from portal.selectors import project_role_of
 
 TOKEN_PREFIX = "gpc_"
@@ -35,7 +37,6 @@ def project_create(*, owner: User, slug: str, name: str, description: str = "") 
     if Project.objects.filter(slug=slug).exists():
         raise Conflict(f"A project with the slug '{slug}' already exists.", code="slug_taken")
     project = Project.objects.create(slug=slug, name=name, description=description)
-    Quota.objects.create(project=project)
     Membership.objects.create(project=project, user=owner, role=Role.OWNER)
     audit_record(actor=owner, action="project.create", target=project, project=project)
     return project

@@ -1,4 +1,4 @@
-"""Operator admin for the catalog and the fleet."""
+"""Operator admin for the catalog, the fleet and the projects' quotas."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from scheduler.models import (
     Node,
     NodeEvent,
     Pool,
+    Quota,
+    QuotaModelLimit,
 )
 
 
@@ -175,3 +177,32 @@ class LogChunkAdmin(ReadOnlyAdmin):
 class AutoscalerDecisionAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "autoscaler", "action", "count", "reason"]
     list_filter = ["action", "autoscaler"]
+
+
+class QuotaModelLimitInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = QuotaModelLimit
+    extra = 0
+
+
+@admin.register(Quota)
+class QuotaAdmin(AuditedAdmin):
+    list_display = [
+        "project",
+        "max_gpus",
+        "gpu_hours_per_month",
+        "max_gpus_per_job",
+        "max_priority",
+        "allow_borrowing",
+        "updated_at",
+    ]
+    list_filter = ["allow_borrowing", "max_priority"]
+    search_fields = ["project__slug", "project__name"]
+    readonly_fields = ["updated_at"]
+    inlines = [QuotaModelLimitInline]
+
+
+@admin.register(QuotaModelLimit)
+class QuotaModelLimitAdmin(AuditedAdmin):
+    list_display = ["quota", "gpu_model", "max_gpus"]
+    list_filter = ["gpu_model"]
+    search_fields = ["quota__project__slug"]

@@ -17,11 +17,11 @@ from django.utils import timezone
 from portal.audit import audit_record
 from portal.db import insert_instances
 from portal.errors import DomainError
-from portal.models import PriorityClass, Project, Quota, Role, User
+from portal.models import Project, Role, User
 from portal.services import require_role
 from scheduler import hooks
 from scheduler.cycle_requests import request_cycle
-from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
+from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, PriorityClass, Quota
 from scheduler.selectors import gpu_models_meeting, month_start, project_gpu_hours
 from scheduler.transitions import can_transition, job_transition
 

@@ -1,6 +1,15 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_save
 
 
 class SchedulerConfig(AppConfig):
     name = "scheduler"
     verbose_name = "GPUs and scheduling"
+
+    def ready(self) -> None:
+        from portal.models import Project
+        from scheduler.quotas import create_quota_for_new_project
+
+        post_save.connect(
+            create_quota_for_new_project, sender=Project, dispatch_uid="scheduler.project-quota"
+        )

@@ -23,7 +23,6 @@ from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from portal.db import AnyOf, CompiledQuery, EpochSeconds, bulk_update_rows, insert_rows
-from portal.models import Quota, QuotaModelLimit
 from scheduler import hooks
 from scheduler.core.model import (
     GpuView,
@@ -44,6 +43,8 @@ from scheduler.models import (
     JobState,
     Node,
     Pool,
+    Quota,
+    QuotaModelLimit,
 )
 from scheduler.transitions import job_transition, jobs_transition_bulk
 

@@ -12,7 +12,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.core.cache import cache
 from django.utils import timezone
 
-from portal.models import Project, Quota
+from portal.models import Project
 from scheduler import hooks
 from scheduler.admission import (
     JobSpec,
@@ -24,7 +24,7 @@ from scheduler.admission import (
 from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
-from scheduler.models import Gpu, GpuModel, Job, JobState
+from scheduler.models import Gpu, GpuModel, Job, JobState, Quota
 from scheduler.selectors import gpu_model_list, gpu_models_meeting
 
 DRY_RUN_ID = -1

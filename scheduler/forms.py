@@ -7,9 +7,9 @@ from typing import Any
 from django import forms
 
 from portal.errors import DomainError
-from portal.models import PriorityClass, Project
+from portal.models import Project
 from scheduler.admission import JobSpec, spec_validate
-from scheduler.models import PRECISIONS, GpuModel, Job
+from scheduler.models import PRECISIONS, GpuModel, Job, PriorityClass
 
 
 class JobForm(forms.Form):

@@ -14,9 +14,8 @@ from typing import Any
 import yaml
 
 from portal.errors import DomainError
-from portal.models import PriorityClass
 from scheduler.admission import JobSpec
-from scheduler.models import GpuModel, Job
+from scheduler.models import GpuModel, Job, PriorityClass
 
 MAX_MANIFEST_BYTES = 256 * 1024
 GPU = "nvidia.com/gpu"

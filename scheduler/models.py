@@ -179,6 +179,15 @@ class Gpu(models.Model):
         return 1000 if exclusive else 1000 * self.oversubscription
 
 
+class PriorityClass(models.IntegerChoices):
+    """Scheduling priority; a project's quota caps the highest class its jobs may ask for."""
+
+    LOW = 0, "Low"
+    NORMAL = 1, "Normal"
+    HIGH = 2, "High"
+    URGENT = 3, "Urgent"
+
+
 class JobState(models.TextChoices):
     PENDING = "pending", "Pending"
     QUEUED = "queued", "Queued"
@@ -505,3 +514,54 @@ class AutoscalerDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.autoscaler}: {self.action} {self.count}"
+
+
+class Quota(models.Model):
+    """A project's limits. Null means unlimited. Enforced when jobs are admitted.
+
+    Moved from portal with its rows: the table keeps its name."""
+
+    project = models.OneToOneField("portal.Project", on_delete=models.CASCADE, related_name="quota")
+    max_gpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Concurrent GPUs across all models (blank: unlimited)."
+    )
+    gpu_hours_per_month = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPU-hours per calendar month (blank: unlimited)."
+    )
+    max_gpus_per_job = models.PositiveIntegerField(
+        default=8, validators=[MinValueValidator(1), MaxValueValidator(4096)]
+    )
+    max_priority = models.PositiveSmallIntegerField(
+        choices=PriorityClass.choices, default=PriorityClass.NORMAL
+    )
+    allow_borrowing = models.BooleanField(
+        default=True, help_text="Over-quota work may run as preemptible when GPUs are idle."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "portal_quota"
+
+    def __str__(self) -> str:
+        return f"Quota of {self.project}"
+
+
+class QuotaModelLimit(models.Model):
+    """Concurrent GPUs of one model a project may hold."""
+
+    quota = models.ForeignKey(Quota, on_delete=models.CASCADE, related_name="model_limits")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.CASCADE)
+    max_gpus = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "portal_quotamodellimit"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["quota", "gpu_model"],
+                name="quota_model_limit_unique",
+                violation_error_message="This GPU model already has a limit in this quota.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model}: {self.max_gpus}"

@@ -10,13 +10,13 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from portal.db import CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
-from portal.selectors import project_list_visible_to
+from portal.selectors import project_get_visible, project_list_visible_to
 from scheduler.models import PRECISIONS, Allocation, GpuModel, Job, JobState, LogChunk, Node
 
 
@@ -232,3 +232,13 @@ def latest_telemetry(gpu_ids: list[int]) -> dict[int, dict[str, Any]]:
     """The latest sample per GPU (absent when its node has been silent for two minutes)."""
     found = cache.get_many([telemetry_key(i) for i in gpu_ids])
     return {int(k.rsplit(":", 1)[1]): v for k, v in found.items()}
+
+
+def project_with_quota(*, user: User, slug: str) -> Project:
+    """A project the user may see, with its quota and per-model limits loaded."""
+    project = project_get_visible(user=user, slug=slug)
+    return (
+        Project.objects.select_related("quota")
+        .prefetch_related(Prefetch("quota__model_limits"))
+        .get(pk=project.pk)
+    )

@@ -14,15 +14,14 @@ from django.shortcuts import get_object_or_404, render
 from portal.forms import MemberAddForm
 from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
 from portal.middleware import SESSION_KEY
-from portal.models import PriorityClass, Role, User
+from portal.models import Role, User
 from portal.selectors import (
     membership_list,
     project_list_visible_to,
     project_role_of,
-    project_with_quota,
 )
 from scheduler.estimates import job_hourly_cost, model_availability
-from scheduler.models import ACTIVE_STATES, Allocation, Job, JobState, Node
+from scheduler.models import ACTIVE_STATES, Allocation, Job, JobState, Node, PriorityClass
 from scheduler.ops_views import node_actions, staff_required
 from scheduler.selectors import (
     job_get_visible,
@@ -30,6 +29,7 @@ from scheduler.selectors import (
     job_placement,
     latest_telemetry,
     project_quota_usage,
+    project_with_quota,
     with_landed_model,
 )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from portal.models import ApiToken, Membership, Project, Quota, QuotaModelLimit, Role
+from portal.models import ApiToken, Membership, Project, Role
 
 
 class PrototypeFieldsMixin:
@@ -57,48 +57,10 @@ class StrictSerializer(PrototypeFieldsMixin, serializers.Serializer):  # type: i
         return super().to_internal_value(data)
 
 
-class QuotaModelLimitSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
-    gpu_model: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
-        slug_field="name", read_only=True
-    )
-
-    class Meta:
-        model = QuotaModelLimit
-        fields = ["gpu_model", "max_gpus"]
-
-
-class QuotaSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
-    per_model = QuotaModelLimitSerializer(source="model_limits", many=True, read_only=True)
-    max_priority = serializers.CharField(source="get_max_priority_display", read_only=True)
-
-    class Meta:
-        model = Quota
-        fields = [
-            "max_gpus",
-            "per_model",
-            "gpu_hours_per_month",
-            "max_gpus_per_job",
-            "max_priority",
-            "allow_borrowing",
-        ]
-
-
 class ProjectSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     class Meta:
         model = Project
         fields = ["slug", "name", "description", "created_at"]
-
-
-class ProjectDetailSerializer(ProjectSerializer):
-    quota = QuotaSerializer(read_only=True)
-    role = serializers.SerializerMethodField()
-
-    class Meta(ProjectSerializer.Meta):
-        fields = [*ProjectSerializer.Meta.fields, "quota", "role"]
-
-    def get_role(self, obj: Project) -> str | None:
-        role: str | None = self.context.get("role")
-        return role
 
 
 class MembershipSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]

@@ -4,7 +4,6 @@ from portal.api import views
 from portal.api.routers import OptionalSlashRouter
 
 router = OptionalSlashRouter()
-router.register("projects", views.ProjectViewSet, basename="api-project")
 router.register("tokens", views.ApiTokenViewSet, basename="api-token")
 
 members = OptionalSlashRouter()

@@ -1,4 +1,5 @@
-"""Tenancy API: projects, members and personal tokens. Thin: parse, call, serialize."""
+"""Tenancy API: a project's members and personal tokens (projects with their quotas:
+`scheduler.api.projects`). Thin: parse, call, serialize."""
 
 from __future__ import annotations
 
@@ -18,28 +19,8 @@ from portal.api.serializers import (
     MembershipCreateSerializer,
     MembershipSerializer,
     MembershipUpdateSerializer,
-    ProjectDetailSerializer,
-    ProjectSerializer,
 )
 from portal.models import ApiToken, Membership, Project, Role
-
-
-class ProjectViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
-    schema = PortalAutoSchema()
-    pagination_class = StrictLimitOffsetPagination
-    lookup_field = "slug"
-    lookup_value_regex = r"[a-z0-9-]+"
-
-    def get_queryset(self) -> QuerySet[Project]:
-        return selectors.project_list_visible_to(user=self.request.user)  # type: ignore[arg-type]
-
-    def get_serializer_class(self) -> type:
-        return ProjectDetailSerializer if self.action == "retrieve" else ProjectSerializer
-
-    def retrieve(self, request: Request, slug: str | None = None) -> Response:
-        project = selectors.project_with_quota(user=request.user, slug=slug or "")  # type: ignore[arg-type]
-        role = selectors.project_role_of(user=request.user, project=project)  # type: ignore[arg-type]
-        return Response(ProjectDetailSerializer(project, context={"role": role}).data)
 
 
 class MembershipViewSet(

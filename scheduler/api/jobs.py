@@ -24,14 +24,14 @@ from portal.api.schema import (
     StrictLimitOffsetPagination,
 )
 from portal.api.serializers import PrototypeFieldsMixin, StrictSerializer
-from portal.models import PriorityClass, Project, User
+from portal.models import Project, User
 from portal.ratelimit import FixedWindowScopedThrottle
 from portal.selectors import project_get_visible
 from scheduler import selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
 from scheduler.estimates import job_dry_run, job_hourly_cost
 from scheduler.manifest import parse_manifest
-from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState
+from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, PriorityClass
 
 PRIORITIES = [p.lower() for p in PriorityClass.names]
 _STATE = "|".join(JobState.values)

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from scheduler.models import GpuModel
+from portal.api.serializers import ProjectSerializer
+from portal.models import Project
+from scheduler.models import GpuModel, Quota, QuotaModelLimit
 
 
 class GpuModelSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
@@ -27,3 +29,41 @@ class GpuModelSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "price_per_gpu_hour",
             "fleet_gpus",
         ]
+
+
+class QuotaModelLimitSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    gpu_model: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
+        slug_field="name", read_only=True
+    )
+
+    class Meta:
+        model = QuotaModelLimit
+        fields = ["gpu_model", "max_gpus"]
+
+
+class QuotaSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    per_model = QuotaModelLimitSerializer(source="model_limits", many=True, read_only=True)
+    max_priority = serializers.CharField(source="get_max_priority_display", read_only=True)
+
+    class Meta:
+        model = Quota
+        fields = [
+            "max_gpus",
+            "per_model",
+            "gpu_hours_per_month",
+            "max_gpus_per_job",
+            "max_priority",
+            "allow_borrowing",
+        ]
+
+
+class ProjectDetailSerializer(ProjectSerializer):
+    quota = QuotaSerializer(read_only=True)
+    role = serializers.SerializerMethodField()
+
+    class Meta(ProjectSerializer.Meta):
+        fields = [*ProjectSerializer.Meta.fields, "quota", "role"]
+
+    def get_role(self, obj: Project) -> str | None:
+        role: str | None = self.context.get("role")
+        return role

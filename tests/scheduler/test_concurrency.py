@@ -94,8 +94,8 @@ def test_racing_submits_of_one_project_hold_its_max_gpus_quota(team, fleet):
     """Many concurrent submits of one project, cycles and quota edits racing them: every
     submission gets its verdict, its two events and its audit event, none is lost, and the
     project never holds more GPUs than its quota (the fleet has room for more)."""
-    from portal.models import AuditEvent, Quota
-    from scheduler.models import Job, JobEvent, JobState
+    from portal.models import AuditEvent
+    from scheduler.models import Job, JobEvent, JobState, Quota
 
     assert connection.vendor == "postgresql"
     project, member = team["a"], team["member"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from portal.models import Membership, QuotaModelLimit, Role
+from portal.models import Membership, Role
 from scheduler.cycle import run_cycle
-from scheduler.models import Allocation, Gpu, Job, JobEvent, JobState
+from scheduler.models import Allocation, Gpu, Job, JobEvent, JobState, QuotaModelLimit
 
 pytestmark = pytest.mark.django_db
 

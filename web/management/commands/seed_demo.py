@@ -8,9 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from portal.models import Membership, Project, QuotaModelLimit, Role, User
+from portal.models import Membership, Project, Role, User
 from portal.services import project_create
-from scheduler.models import Gpu, GpuModel, Node, Pool
+from scheduler.models import Gpu, GpuModel, Node, Pool, QuotaModelLimit
 from scheduler.nodes import node_issue_agent_token
 from scheduler.services import catalog_seed, node_register_simulated
 
