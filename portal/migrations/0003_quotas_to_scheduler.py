@@ -1,4 +1,4 @@
-"""Quotas and their per-model limits now belong to the scheduler (its 0005 takes them over).
+"""Quotas and their per-model limits now belong to the scheduler (its 0006 takes them over).
 
 State only: the tables stay where they are, under their old names, with every row.
 """
@@ -9,7 +9,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
     dependencies = [
         ("portal", "0002_audit_append_only"),
-        ("scheduler", "0005_quotas_from_portal"),
+        ("scheduler", "0006_quotas_from_portal"),
     ]
 
     operations = [

@@ -1,6 +1,6 @@
 """Quotas moved from portal to the scheduler without moving a row.
 
-A database at the schema before the move (portal 0002, scheduler 0004) is filled through the
+A database at the schema before the move (portal 0002, scheduler 0005) is filled through the
 historical models, migrated forward by Django's MigrationExecutor on PostgreSQL, and read back
 through today's models: every quota, per-model limit and job is there, unchanged, and relations
 between them still resolve.
@@ -19,8 +19,8 @@ from django.db.migrations.recorder import MigrationRecorder
 from portal.models import Project
 from scheduler.models import Job, PriorityClass, Quota, QuotaModelLimit
 
-BEFORE = [("portal", "0002_audit_append_only"), ("scheduler", "0004_autoscaling")]
-MOVE = [("portal", "0003_quotas_to_scheduler"), ("scheduler", "0005_quotas_from_portal")]
+BEFORE = [("portal", "0002_audit_append_only"), ("scheduler", "0005_job_time_limit_image_digest")]
+MOVE = [("portal", "0003_quotas_to_scheduler"), ("scheduler", "0006_quotas_from_portal")]
 
 
 def _migrate(targets):

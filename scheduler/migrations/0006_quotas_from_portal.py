@@ -28,7 +28,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("contenttypes", "0002_remove_content_type_name"),
         ("portal", "0002_audit_append_only"),
-        ("scheduler", "0004_autoscaling"),
+        ("scheduler", "0005_job_time_limit_image_digest"),
     ]
 
     operations = [
