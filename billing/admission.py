@@ -1,4 +1,4 @@
-"""Scheduler hooks: budgets and overdue payments at admission and in every cycle.
+"""Scheduler ports: budgets and overdue payments at admission and in every cycle.
 
 Policy: at 100 % of a hard-capped budget, new non-preemptible jobs are refused ("budget
 exhausted") and the preemptible tier is offered; preemptible work may spend the budget's
@@ -48,7 +48,7 @@ _STANDING = CompiledQuery(
 
 
 def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict | None:
-    """Admission hook (SCHEDULER_ADMISSION_CHECKS).
+    """Admission check (the scheduler port `ADMISSION_CHECKS`).
 
     The account's payment standing and the project's budget come in one statement: this runs
     for every submission.
@@ -101,7 +101,7 @@ _HARD_CAPPED_BUDGETS = CompiledQuery(
 
 
 def projects_over_budget(*, project_ids: set[int]) -> set[int]:
-    """Cycle hook (SCHEDULER_BUDGET_EXHAUSTED): projects whose queued jobs must wait."""
+    """The scheduler port `BUDGET_GATE`: projects whose queued jobs must wait."""
     if not project_ids:
         return set()
     now = timezone.now()

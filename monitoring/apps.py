@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_save
 
 
 class MonitoringConfig(AppConfig):
@@ -7,8 +6,9 @@ class MonitoringConfig(AppConfig):
     verbose_name = "Monitoring"
 
     def ready(self) -> None:
-        from monitoring.ingest import on_allocation_saved
-        from scheduler.models import Allocation
+        from monitoring import ingest, metrics
+        from scheduler import ports
 
-        post_save.connect(on_allocation_saved, sender=Allocation, dispatch_uid="mon-alloc-save")
-        post_delete.connect(on_allocation_saved, sender=Allocation, dispatch_uid="mon-alloc-del")
+        ports.TELEMETRY_SINKS.register(ingest.ingest_samples)
+        ports.ALLOCATION_LISTENERS.register(ingest.allocations_changed)
+        ports.CYCLE_LISTENERS.register(metrics.cycle_ended)

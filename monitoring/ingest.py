@@ -1,4 +1,4 @@
-"""Telemetry ingest: the sink every heartbeat calls (`SCHEDULER_TELEMETRY_SINKS`).
+"""Telemetry ingest: the sink every heartbeat calls (`scheduler.ports.TELEMETRY_SINKS`).
 
 A heartbeat carries one or more samples per GPU; each sample says how old it is (`age_s`,
 relative to the heartbeat, so agents' clocks do not matter) and lands at its own instant.
@@ -6,10 +6,10 @@ relative to the heartbeat, so agents' clocks do not matter) and lands at its own
 Attribution: each sample goes to the job(s) whose allocation interval on its GPU contains the
 sample's instant. The intervals of a node (active ones and those ended in the last
 `HORIZON_S`) are cached per process and tagged with the node's allocation generation, a Redis
-counter bumped whenever an allocation on the node starts or ends (`allocations_changed`, called
-by the scheduler's transitions and on Allocation saves). The write is one Redis script that
-checks the generation first: unchanged, it writes; changed, nothing is written and the sink
-re-reads the intervals (one SQL query) and writes again. So a steady heartbeat costs one Redis
+counter bumped whenever an allocation on the node starts or ends (`allocations_changed`, the
+scheduler's transitions call it through their allocation-listener port). The write is one Redis
+script that checks the generation first: unchanged, it writes; changed, nothing is written and
+the sink re-reads the intervals (one SQL query) and writes again. So a steady heartbeat costs one Redis
 round trip and no SQL, and no sample is attributed from stale intervals.
 """
 
@@ -103,7 +103,7 @@ def _fetch(node_id: int, *, generation: str, oldest_ts: float, now_ts: float) ->
 
 
 def allocations_changed(*, node_ids: Iterable[int]) -> None:
-    """Listener (`SCHEDULER_ALLOCATION_LISTENERS`): allocations on these nodes started or ended.
+    """Listener (`scheduler.ports.ALLOCATION_LISTENERS`): allocations on these nodes started or ended.
 
     Bumped now (this transaction's own heartbeats see it) and again after commit (other
     processes that re-read the intervals before the commit read them once more).
@@ -208,8 +208,3 @@ def _merge_now(batch: live.Batch) -> None:
     for minute, lines in batch.raw.items():
         rows, cluster = aggregate(lines)
         upsert_minute(minute, rows, cluster, replace=False)
-
-
-def on_allocation_saved(sender: Any, instance: Allocation, **kwargs: Any) -> None:
-    """Allocation saves and deletes outside the bulk paths (admin, tests, scripts) bump too."""
-    allocations_changed(node_ids=[instance.node_id])

@@ -28,6 +28,16 @@ from monitoring import fleet, live
 from monitoring.models import Alert, FleetSnapshot
 from scheduler.models import Allocation, Gpu, Job, JobState, Node
 
+
+def cycle_ended(*, seconds: float, at: float, placed: int) -> None:
+    """Cycle listener (`scheduler.ports.CYCLE_LISTENERS`): keep the last cycle for /metrics."""
+    cache.set(
+        settings.MONITORING_CYCLE_CACHE_KEY,
+        {"seconds": seconds, "at": at, "placed": placed},
+        timeout=3600,
+    )
+
+
 DCGM_LABELS = [
     "gpu",
     "UUID",

@@ -7,9 +7,10 @@ Chart payloads share one shape, consumed by static/js/gpu-charts.js:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -19,7 +20,6 @@ import orjson
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import ExpressionWrapper, F, FloatField, Q, QuerySet, Sum
-from django.utils.module_loading import import_string
 
 from monitoring import fleet, live
 from monitoring.models import (
@@ -33,8 +33,10 @@ from monitoring.models import (
 from monitoring.rollups import hour_start
 from portal.errors import DomainError
 from portal.models import Project, User
-from scheduler import hooks
+from scheduler import ports
 from scheduler.models import Allocation, Job, Node
+
+log = logging.getLogger(__name__)
 
 OPEN_END = 4_102_444_800.0  # 2100-01-01: an interval still running
 METRICS = (
@@ -379,17 +381,6 @@ class Efficiency:
         }
 
 
-def _cost_hook() -> Callable[..., Decimal] | None:
-    path = getattr(settings, "MONITORING_JOB_COST", "")
-    if not path:
-        return None
-    try:
-        fn: Callable[..., Decimal] = import_string(path)
-    except ImportError:
-        return None
-    return fn
-
-
 def efficiency_for_jobs(
     job_ids: Iterable[int], *, since: datetime | None, now: datetime
 ) -> dict[int, Efficiency]:
@@ -410,7 +401,7 @@ def efficiency_for_jobs(
         preemptible = a.job.preemptible or a.job.borrowed
         rkey = (a.gpu_model_id, preemptible)
         if rkey not in rates:
-            rates[rkey] = hooks.price_per_gpu_hour(gpu_model=a.gpu_model, preemptible=preemptible)
+            rates[rkey] = ports.PRICE_QUOTE.get()(gpu_model=a.gpu_model, preemptible=preemptible)
         e = out[a.job_id]
         e.gpu_hours += hours
         e.cost += rates[rkey] * Decimal(str(round(hours, 6)))
@@ -437,15 +428,13 @@ def efficiency_for_jobs(
 
 
 def job_efficiency(job: Job, *, now: datetime) -> tuple[Efficiency, Decimal | None]:
-    """The job's efficiency, and what billing says it cost (None without billing)."""
+    """The job's efficiency, and what billing says it cost (None when billing fails: logged)."""
     eff = efficiency_for_jobs([job.pk], since=None, now=now)[job.pk]
     billed = None
-    hook = _cost_hook()
-    if hook is not None:
-        try:
-            billed = hook(job, now=now)
-        except Exception:  # billing is another app: its failure must not break this page
-            billed = None
+    try:
+        billed = ports.JOB_COST.get()(job, now=now)
+    except Exception:  # billing is another app: its failure must not break this page
+        log.exception("job cost of job %s failed", job.pk)
     return eff, billed
 
 

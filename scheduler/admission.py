@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
+from typing import Protocol
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -19,7 +20,7 @@ from portal.db import insert_instances
 from portal.errors import DomainError
 from portal.models import Project, Role, User
 from portal.services import require_role
-from scheduler import hooks
+from scheduler import ports
 from scheduler.cycle_requests import request_cycle
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, PriorityClass, Quota
 from scheduler.selectors import gpu_models_meeting, month_start, project_gpu_hours
@@ -190,10 +191,19 @@ class Verdict:
     quota_notes: tuple[str, ...] = ()
 
 
+class AdmissionCheck(Protocol):
+    """A port: says why a submission must be refused (billing's budget), or None."""
+
+    def __call__(self, *, project: Project, spec: JobSpec, now: datetime) -> Verdict | None: ...
+
+
+ADMISSION_CHECKS: ports.Hub[AdmissionCheck] = ports.Hub("admission checks")
+
+
 def admission_hook_verdicts(*, project: Project, spec: JobSpec, now: datetime) -> list[Verdict]:
     """What the admission extension points (billing's budget) say; they never read the quota."""
     verdicts: list[Verdict | None] = [
-        check(project=project, spec=spec, now=now) for check in hooks.admission_checks()
+        check(project=project, spec=spec, now=now) for check in ADMISSION_CHECKS
     ]
     return [v for v in verdicts if v is not None]
 

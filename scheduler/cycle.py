@@ -23,7 +23,7 @@ from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from portal.db import AnyOf, CompiledQuery, EpochSeconds, bulk_update_rows, insert_rows
-from scheduler import hooks
+from scheduler import ports
 from scheduler.core.model import (
     GpuView,
     JobRequest,
@@ -430,8 +430,8 @@ def build_state(
     limits: dict[int, dict[str, int]] = defaultdict(dict)
     for project_id, model_name, max_gpus in _QUOTA_MODEL_LIMITS.rows(project_ids=ids):
         limits[project_id][model_name] = max_gpus
-    over_budget = hooks.projects_over_budget(project_ids)
-    reserved = hooks.reserved_gpus_by_project(now)
+    over_budget = ports.BUDGET_GATE.get()(project_ids=project_ids)
+    reserved = ports.RESERVED_CAPACITY.get()(now=now)
     usage = (
         _decayed_usage(project_ids, now, [(a[6], a[3], a[5]) for a in active]) if with_usage else {}
     )

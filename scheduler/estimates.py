@@ -13,7 +13,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from portal.models import Project
-from scheduler import hooks
+from scheduler import ports
 from scheduler.admission import (
     JobSpec,
     Verdict,
@@ -79,7 +79,7 @@ def quote(
     model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
     if model is None:
         return None, None, None
-    rate = hooks.price_per_gpu_hour(gpu_model=model, preemptible=spec.preemptible or borrowed)
+    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
     per_hour = _per_hour(rate, spec)
     return rate, per_hour, _for_estimate(per_hour, spec)
 
@@ -94,7 +94,7 @@ def quote_most(
     if len({m.price_per_gpu_hour for m in candidates}) < 2:
         return None
     model = max(candidates, key=lambda m: m.price_per_gpu_hour)
-    rate = hooks.price_per_gpu_hour(gpu_model=model, preemptible=spec.preemptible or borrowed)
+    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
     return _per_hour(rate, spec)
 
 
@@ -108,8 +108,8 @@ def shares_cost_per_hour(
     shares: Iterable[tuple[GpuModel, int, int]], *, preemptible: bool
 ) -> Decimal:
     """What these `(model, share_milli, capacity_milli)` shares cost per hour, to the cent, as
-    billing meters them (through `hooks.shares_cost_per_hour`)."""
-    cost = hooks.shares_cost_per_hour(shares=list(shares), preemptible=preemptible)
+    billing meters them (billing's `ports.SHARES_COST`)."""
+    cost = ports.SHARES_COST.get()(shares=list(shares), preemptible=preemptible)
     return cost.quantize(CENT, ROUND_HALF_UP)
 
 
@@ -221,7 +221,7 @@ def _placed_quote(
     )
     models = {model for model, _, _ in shares}  # one model: its rate per GPU-hour, too
     rate = (
-        hooks.price_per_gpu_hour(gpu_model=models.pop(), preemptible=spec.preemptible or borrowed)
+        ports.PRICE_QUOTE.get()(gpu_model=models.pop(), preemptible=spec.preemptible or borrowed)
         if len(models) == 1
         else None
     )

@@ -22,7 +22,7 @@ from portal.audit import audit_record
 from portal.db import AnyOf, CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import Conflict, DomainError
 from portal.models import User
-from scheduler import health, hooks
+from scheduler import health, ports
 from scheduler.cycle_requests import request_cycle
 from scheduler.dispatch import assignments_changed
 from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, LogChunk, Node, NodeEvent
@@ -259,7 +259,7 @@ def node_heartbeat(
         if gpu is not None:
             _apply_health(node, gpu, health.assess(sample))
     known = [{**s, "gpu_id": gpus[s["uuid"]].pk} for s in telemetry if s.get("uuid") in gpus]
-    for sink in hooks.telemetry_sinks():
+    for sink in ports.TELEMETRY_SINKS:
         sink(node=node, samples=known, now=now)
     return node
 

@@ -6,10 +6,10 @@ import logging
 import time
 
 from celery import shared_task
-from django.conf import settings
 from django.core.cache import cache
 
 from portal.locks import single_flight
+from scheduler import ports
 from scheduler.cycle import run_cycle
 from scheduler.cycle_requests import CYCLE_REQUESTED, CYCLE_RETRY_SECONDS
 
@@ -31,11 +31,9 @@ def scheduling_cycle() -> dict[str, int] | None:
                 scheduling_cycle.apply_async(countdown=CYCLE_RETRY_SECONDS)
             return None
         result = run_cycle()
-    cache.set(
-        settings.MONITORING_CYCLE_CACHE_KEY,
-        {"seconds": result.seconds, "at": time.time(), "placed": len(result.placed)},
-        timeout=3600,
-    )
+    ended_at = time.time()
+    for listener in ports.CYCLE_LISTENERS:
+        listener(seconds=result.seconds, at=ended_at, placed=len(result.placed))
     if result.placed or result.preempted:
         log.info(
             "cycle: placed %d, preempted %d, pending %d in %.3fs",

@@ -16,7 +16,7 @@ from django.utils import timezone
 from portal.db import AnyOf, CompiledQuery, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
-from scheduler import hooks
+from scheduler import ports
 from scheduler.dispatch import assignments_changed, changes_assignments
 from scheduler.models import Allocation, Job, JobEvent
 from scheduler.models import JobState as S
@@ -105,11 +105,9 @@ def job_transition(
         )
     if current in HOLDS_GPUS and to not in HOLDS_GPUS:
         ending = Allocation.objects.filter(job=job, ended_at__isnull=True)
-        nodes = (
-            set(ending.values_list("node_id", flat=True)) if hooks.allocation_listeners() else ()
-        )
+        nodes = set(ending.values_list("node_id", flat=True)) if ports.ALLOCATION_LISTENERS else ()
         ending.update(ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, ""))
-        hooks.allocations_changed(node_ids=nodes)
+        ports.allocations_changed(node_ids=nodes)
     JobEvent.objects.create(
         job=job,
         from_state=current,
@@ -184,13 +182,13 @@ def jobs_transition_bulk(
             placed.append(pk)
     updated = bulk_update_rows(Job, fields, updates)
     insert_rows(JobEvent, JOB_EVENT_FIELDS, events)
-    if moved_on_nodes or (placed and hooks.allocation_listeners()):
+    if moved_on_nodes or (placed and ports.ALLOCATION_LISTENERS):
         # the caller created the placed jobs' allocations before this call
         pairs = _ACTIVE_JOB_NODES.rows(job_ids=[*{*moved_on_nodes, *placed}])
         moved, started = set(moved_on_nodes), set(placed)
         assignments_changed({node for job, node in pairs if job in moved})
         if started:
-            hooks.allocations_changed(node_ids={node for job, node in pairs if job in started})
+            ports.allocations_changed(node_ids={node for job, node in pairs if job in started})
     return updated
 
 

@@ -8,12 +8,6 @@ from celery.schedules import crontab
 
 _env = environ.Env()
 
-# Scheduler hooks (signatures in scheduler/hooks.py)
-SCHEDULER_ADMISSION_CHECKS = ["billing.admission.budget_check"]
-SCHEDULER_BUDGET_EXHAUSTED = "billing.admission.projects_over_budget"
-SCHEDULER_PRICE_QUOTE = "billing.selectors.quote_rate"
-SCHEDULER_SHARES_COST = "billing.selectors.shares_cost_per_hour"
-
 # Stripe: switched off (billing works locally) when no key is configured.
 STRIPE_SECRET_KEY = _env("STRIPE_SECRET_KEY", default="")
 STRIPE_WEBHOOK_SECRET = _env("STRIPE_WEBHOOK_SECRET", default="")
@@ -42,5 +36,4 @@ BILLING_BEAT_SCHEDULE = {
         "schedule": crontab(minute=30, hour=1, day_of_month=1),
     },
 }
-SCHEDULER_RESERVED_CAPACITY = "billing.selectors.reserved_gpus_by_project"
 STRIPE_TIMEOUT_SECONDS = _env.int("STRIPE_TIMEOUT_SECONDS", default=20)

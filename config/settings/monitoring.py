@@ -4,10 +4,6 @@ import environ
 
 _env = environ.Env()
 
-# Every heartbeat's telemetry goes to the monitoring ingest (live window + raw samples for rollups).
-SCHEDULER_TELEMETRY_SINKS = ["monitoring.ingest.ingest_samples"]
-SCHEDULER_ALLOCATION_LISTENERS = ["monitoring.ingest.allocations_changed"]
-
 # Redis keys of the live window and the raw samples start with this (tests isolate by it).
 MONITORING_KEY_PREFIX = _env("MONITORING_KEY_PREFIX", default="mon")
 MONITORING_LIVE_WINDOW_S = _env.int("MONITORING_LIVE_WINDOW_S", default=3600)
@@ -32,15 +28,11 @@ MONITORING_ALERT_XID_WINDOW_S = _env.int("MONITORING_ALERT_XID_WINDOW_S", defaul
 MONITORING_ALERT_QUEUE_WAIT_S = _env.int("MONITORING_ALERT_QUEUE_WAIT_S", default=3600)
 MONITORING_ALERT_EMAIL = _env.bool("MONITORING_ALERT_EMAIL", default=True)
 
-# Cost next to efficiency: a dotted path `fn(job, *, now) -> Decimal` (billing's, when present);
-# without it (or when it fails to import) cost is the catalog rate times allocated GPU-hours.
-MONITORING_JOB_COST = _env("MONITORING_JOB_COST", default="billing.selectors.job_cost")
-
 # /metrics: a bearer token (compared in constant time) or a client address in the allow-list.
 METRICS_TOKEN = _env("METRICS_TOKEN", default="")
 METRICS_ALLOWED_IPS = _env.list("METRICS_ALLOWED_IPS", default=[])
 
-# The scheduler writes {"seconds": float, "at": epoch} here after each cycle (Django cache).
+# Monitoring keeps the last cycle {"seconds", "at", "placed"} here (Django cache).
 MONITORING_CYCLE_CACHE_KEY = "monitoring:scheduling-cycle"
 
 MONITORING_BEAT_SCHEDULE: dict[str, dict[str, object]] = {

@@ -165,15 +165,19 @@ def test_efficiency_pages(running, client, team, now):
     assert client.get(f"/monitoring/jobs/{running['job'].pk}/efficiency/").status_code == 404
 
 
-def test_cost_uses_the_billing_hook_when_configured(running, settings, now):
-    settings.MONITORING_JOB_COST = "tests.monitoring.test_efficiency_alerts.fake_cost"
+def test_cost_is_what_the_job_cost_port_answers(running, now):
     from monitoring.selectors import job_efficiency
+    from scheduler import ports
 
-    _eff, billed = job_efficiency(running["job"], now=now)
-    assert billed == Decimal("12.34")
-    settings.MONITORING_JOB_COST = "no.such.module.cost"
-    assert job_efficiency(running["job"], now=now)[1] is None
+    with ports.JOB_COST.override(fake_cost):
+        assert job_efficiency(running["job"], now=now)[1] == Decimal("12.34")
+    with ports.JOB_COST.override(failing_cost):  # billing failing does not break the page
+        assert job_efficiency(running["job"], now=now)[1] is None
 
 
 def fake_cost(job, *, now):
     return Decimal("12.34")
+
+
+def failing_cost(job, *, now):
+    raise RuntimeError("billing is down")

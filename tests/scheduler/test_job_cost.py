@@ -14,7 +14,7 @@ import pytest
 
 from billing.selectors import job_cost
 from scheduler.cycle import run_cycle
-from scheduler.estimates import job_hourly_cost, shares_cost_per_hour
+from scheduler.estimates import job_hourly_cost
 from scheduler.models import Allocation, GpuModel, Job
 
 pytestmark = pytest.mark.django_db
@@ -149,16 +149,6 @@ def test_the_job_page_shows_the_placed_cost_and_the_share_in_words(lab, api, cli
     Job.objects.filter(pk=job.pk).update(state="succeeded")
     Allocation.objects.filter(job=job).update(ended_at=job.created_at + timedelta(hours=2))
     assert job_hourly_cost(Job.objects.get(pk=job.pk)) is None
-
-
-def test_without_billing_the_catalog_price_is_quoted_for_the_part_of_the_device(lab, settings):
-    settings.SCHEDULER_SHARES_COST = ""
-    settings.SCHEDULER_PRICE_QUOTE = ""
-    l4, h100 = lab["l4"], lab["h100"]
-    shares = [(l4, 2000, 2000), (l4, 500, 2000), (h100, 1000, 1000)]
-    assert shares_cost_per_hour(shares, preemptible=False) == cents(
-        l4.price_per_gpu_hour * Decimal("1.25") + h100.price_per_gpu_hour
-    )
 
 
 def test_a_gpu_gone_since_the_plan_falls_back_to_the_plain_quote(lab):
