@@ -12,7 +12,7 @@ from django.conf import settings
 
 from billing import pricing
 from billing.models import Tier, UsageRecord
-from billing.selectors import period_bounds
+from billing.pricing import period_bounds
 
 CSV_COLUMNS = [
     "record_id",

@@ -72,12 +72,15 @@ class PriceVersion(models.Model):
         return f"{self.gpu_model_id} from {self.effective_from:%Y-%m-%d %H:%M}"
 
     def reserved_discount(self, term_months: int) -> Decimal:
-        discounts: dict[int, Decimal] = {
-            1: self.reserved_discount_1m,
-            12: self.reserved_discount_12m,
-            36: self.reserved_discount_36m,
-        }
-        return discounts[term_months]
+        if term_months not in pricing.RESERVED_TERMS_MONTHS:
+            raise KeyError(term_months)
+        discount: Decimal = getattr(self, f"reserved_discount_{term_months}m")
+        return discount
+
+    @staticmethod
+    def default_preemptible_discount() -> Decimal:
+        """The discount of a model without a price version yet (PREEMPTIBLE_DISCOUNT)."""
+        return Decimal(str(settings.PREEMPTIBLE_DISCOUNT)).quantize(pricing.RATE_QUANT)
 
     def rate(self, *, preemptible: bool) -> Decimal:
         return pricing.effective_rate(

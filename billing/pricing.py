@@ -15,9 +15,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Final
+
+# The calendar periods are the scheduler core's (quotas count in the same months); billing's
+# code reads them through this module.
+from scheduler.core.periods import floor_hour as floor_hour
+from scheduler.core.periods import month_start as month_start
+from scheduler.core.periods import next_month as next_month
 
 MILLI: Final = 1000
 SECONDS_PER_HOUR: Final = 3600
@@ -66,15 +72,6 @@ def effective_rate(
     return on_demand.quantize(RATE_QUANT, ROUND_HALF_UP)
 
 
-def billed_share_milli(*, share_milli: int, capacity_milli: int) -> int:
-    """The share of a whole GPU that is billed: a time-sliced GPU (capacity 2000 for ×2) bills
-    each share as share/2, so the shares on one device never exceed one GPU-hour per hour.
-    Rounded down (in the customer's favour)."""
-    if share_milli < 1 or capacity_milli < MILLI:
-        raise ValueError("A share is at least 1 milli-GPU on a device of at least 1000.")
-    return min(MILLI, share_milli * MILLI // capacity_milli)
-
-
 def usage_amount(milli_seconds: int, rate: Decimal) -> Decimal:
     """Price of `milli_seconds` (seconds × milli-GPU) at `rate` per GPU-hour, to 1e-6."""
     if milli_seconds < 0:
@@ -105,21 +102,20 @@ def floor_second(moment: datetime) -> datetime:
     return moment.replace(microsecond=0)
 
 
-def floor_hour(moment: datetime) -> datetime:
-    return moment.replace(minute=0, second=0, microsecond=0)
-
-
-def month_start(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def next_month(start: datetime) -> datetime:
-    return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
-
-
 def month_bounds(moment: datetime) -> tuple[datetime, datetime]:
     """[start, end) of the UTC calendar month holding `moment`."""
     start = month_start(moment)
+    return start, next_month(start)
+
+
+def period_of(moment: datetime) -> date:
+    """The billing period (its first day) that holds `moment`."""
+    return month_start(moment).date()
+
+
+def period_bounds(period_start: date) -> tuple[datetime, datetime]:
+    """[start, end) of the billing period that begins on `period_start`."""
+    start = datetime(period_start.year, period_start.month, 1, tzinfo=UTC)
     return start, next_month(start)
 
 

@@ -9,7 +9,6 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
@@ -27,11 +26,13 @@ from billing.models import (
     Tier,
     UsageRecord,
 )
+from billing.pricing import period_bounds
 from billing.rates import PriceTable
 from portal.db import CompiledQuery
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
+from scheduler.core.model import device_share_milli
 from scheduler.models import Allocation, Gpu, GpuModel, Job, Node
 
 ZERO = Decimal(0)
@@ -53,11 +54,6 @@ def month_param(raw: str | None, *, now: datetime | None = None) -> date:
     return date(int(match.group(1)), int(match.group(2)), 1)
 
 
-def period_bounds(period_start: date) -> tuple[datetime, datetime]:
-    start = datetime(period_start.year, period_start.month, 1, tzinfo=UTC)
-    return start, pricing.next_month(start)
-
-
 # ---- prices ---------------------------------------------------------------------------------
 
 
@@ -74,7 +70,7 @@ def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
     return pricing.effective_rate(
         on_demand=gpu_model.price_per_gpu_hour,
         preemptible=preemptible,
-        preemptible_discount=Decimal(str(settings.PREEMPTIBLE_DISCOUNT)),
+        preemptible_discount=PriceVersion.default_preemptible_discount(),
     )
 
 
@@ -86,7 +82,7 @@ def shares_cost_per_hour(
     now: datetime | None = None,
 ) -> Decimal:
     """Scheduler hook: what `(gpu_model, share_milli, capacity_milli)` shares cost per hour at
-    `now`, each billed as metering bills it (`pricing.billed_share_milli`) at the price
+    `now`, each billed as metering bills it (`scheduler.core.model.device_share_milli`) at the price
     version in force (the price list read once, `table` if given)."""
     table = table or PriceTable.load()
     now = now or timezone.now()
@@ -98,7 +94,7 @@ def shares_cost_per_hour(
             if version is not None
             else quote_rate(gpu_model=model, preemptible=preemptible)
         )
-        billed = pricing.billed_share_milli(share_milli=share, capacity_milli=capacity)
+        billed = device_share_milli(share_milli=share, capacity_milli=capacity)
         total += rate * billed / pricing.MILLI
     return total
 
@@ -163,7 +159,7 @@ def _open_usage(
             if version is not None
             else quote_rate(gpu_model=alloc.gpu_model, preemptible=preemptible)
         )
-        billed = pricing.billed_share_milli(
+        billed = device_share_milli(
             share_milli=alloc.share_milli, capacity_milli=alloc.gpu.capacity_milli
         )
         ms = int((end - begin).total_seconds()) * billed

@@ -36,27 +36,20 @@ from billing.models import (
     Tier,
     UsageRecord,
 )
+from billing.pricing import period_bounds, period_of
 from billing.rates import PriceTable
 from portal.audit import audit_record
 from portal.enqueue import enqueue
 from portal.errors import Conflict, DomainError, NotFound
 from portal.models import Membership, Project, Role, User
 from portal.services import require_role
+from scheduler.core.model import device_share_milli
 from scheduler.models import Allocation, GpuModel
 
 log = logging.getLogger(__name__)
 
 PRICE_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_MONEY = Decimal("10000000000")
-
-
-def period_of(moment: datetime) -> date:
-    return pricing.month_start(moment).date()
-
-
-def period_bounds(period_start: date) -> tuple[datetime, datetime]:
-    start = datetime(period_start.year, period_start.month, 1, tzinfo=UTC)
-    return start, pricing.next_month(start)
 
 
 # ---- accounts -----------------------------------------------------------------------------
@@ -124,7 +117,7 @@ def price_list_seed() -> int:
     since long ago. Idempotent."""
     priced = set(PriceVersion.objects.values_list("gpu_model_id", flat=True).distinct())
     created = 0
-    discount = Decimal(str(settings.PREEMPTIBLE_DISCOUNT)).quantize(Decimal("0.0001"))
+    discount = PriceVersion.default_preemptible_discount()
     for model in GpuModel.objects.exclude(pk__in=priced):
         _, made = PriceVersion.objects.get_or_create(
             gpu_model=model,
@@ -171,14 +164,18 @@ def price_publish(
         note=note,
         created_by=actor if actor is not None and actor.pk else None,
     )
-    for name in ("preemptible_discount", *(f"reserved_discount_{t}m" for t in (1, 12, 36))):
+    discount_fields = (
+        "preemptible_discount",
+        *(f"reserved_discount_{t}m" for t in pricing.RESERVED_TERMS_MONTHS),
+    )
+    for name in discount_fields:
         if current is not None:
             setattr(version, name, getattr(current, name))
     if preemptible_discount is not None:
         version.preemptible_discount = preemptible_discount
     for term, value in (reserved_discounts or {}).items():
         setattr(version, f"reserved_discount_{term}m", value)
-    for name in ("preemptible_discount", *(f"reserved_discount_{t}m" for t in (1, 12, 36))):
+    for name in discount_fields:
         if not Decimal(0) <= getattr(version, name) <= Decimal(1):
             raise DomainError("A discount is a fraction from 0 to 1.", field=name)
     try:
@@ -367,7 +364,7 @@ def _meter_batch(
             end, done = max(start, horizon), False
         begin = max(start, existing.metered_until) if existing is not None else start
         tier = Tier.PREEMPTIBLE if (alloc.job.preemptible or alloc.borrowed) else Tier.ON_DEMAND
-        billed = pricing.billed_share_milli(
+        billed = device_share_milli(
             share_milli=alloc.share_milli, capacity_milli=alloc.gpu.capacity_milli
         )
         account_id = accounts[alloc.job.project_id]

@@ -29,7 +29,7 @@ def _user(request: HttpRequest) -> User:
 def _month_nav(period: date) -> dict[str, str]:
     """Links to the month before and after; none after the month now running (nothing to
     show there yet)."""
-    start, end = selectors.period_bounds(period)
+    start, end = pricing.period_bounds(period)
     prev = pricing.month_start(start - timedelta(days=1))
     upcoming = end > timezone.now()
     return {

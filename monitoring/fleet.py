@@ -19,6 +19,7 @@ from django.db.models import Sum
 
 from monitoring import live
 from monitoring.models import FleetSnapshot
+from scheduler.core.model import MILLI, gpu_demand_milli
 from scheduler.models import Allocation, Gpu, Job, JobState, Node
 
 log = logging.getLogger(__name__)
@@ -169,8 +170,7 @@ def queue_by_model() -> dict[str, dict[str, float]]:
     for model, gpus, nodes, per_node, milli in rows:
         entry = out.setdefault(model or "any", {"jobs": 0, "gpus": 0.0})
         entry["jobs"] += 1
-        whole = nodes * per_node if nodes and per_node else gpus
-        entry["gpus"] += whole * milli / 1000
+        entry["gpus"] += gpu_demand_milli(gpus, nodes, per_node, milli) / MILLI
     return dict(sorted(out.items()))
 
 

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from monitoring import fleet, live
 from monitoring.models import Alert, FleetSnapshot
+from scheduler.core.model import MILLI, gpu_demand_milli
 from scheduler.models import Allocation, Gpu, Job, JobState, Node
 
 
@@ -143,7 +144,7 @@ class PortalCollector(Collector):
         ):
             name = model or "any"
             waits[name].append((now - (queued_at or created_at)).total_seconds())
-            gpus_asked[name] += (nodes * per_node if nodes and per_node else gpus) * milli / 1000
+            gpus_asked[name] += gpu_demand_milli(gpus, nodes, per_node, milli) / MILLI
         for name, values in sorted(waits.items()):
             queue_jobs.add_metric([name], len(values))
             queue_gpus.add_metric([name], gpus_asked[name])

@@ -27,6 +27,7 @@ from monitoring.models import (
     RollupFlush,
 )
 from portal.locks import redis_client
+from scheduler.core.periods import floor_hour
 from scheduler.models import Gpu
 
 READ_CHUNK = 50_000
@@ -268,10 +269,6 @@ def flush_rollups(*, now: datetime) -> int:
     return written
 
 
-def hour_start(dt: datetime) -> datetime:
-    return dt.replace(minute=0, second=0, microsecond=0)
-
-
 def rollup_hours(*, now: datetime) -> int:
     """Recompute the 1-hour rows of the previous and the current hour from 1-minute rows.
 
@@ -279,7 +276,7 @@ def rollup_hours(*, now: datetime) -> int:
     """
     g_table, c_table = GpuRollup._meta.db_table, ClusterRollup._meta.db_table
     total = 0
-    current = hour_start(now)
+    current = floor_hour(now)
     for start in (current - timedelta(hours=1), current):
         end = start + timedelta(hours=1)
         with connection.cursor() as cursor:

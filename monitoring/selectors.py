@@ -30,10 +30,11 @@ from monitoring.models import (
     Notification,
     Resolution,
 )
-from monitoring.rollups import hour_start
 from portal.errors import DomainError
 from portal.models import Project, User
 from scheduler import ports
+from scheduler.core.model import MILLI, device_share_milli
+from scheduler.core.periods import floor_hour
 from scheduler.models import Allocation, Job, Node
 
 log = logging.getLogger(__name__)
@@ -390,14 +391,15 @@ def efficiency_for_jobs(
     out: dict[int, Efficiency] = {i: Efficiency() for i in ids}
     if not ids:
         return out
-    allocs = Allocation.objects.filter(job_id__in=ids).select_related("gpu_model", "job")
+    allocs = Allocation.objects.filter(job_id__in=ids).select_related("gpu_model", "job", "gpu")
     if since is not None:
         allocs = allocs.exclude(ended_at__lt=since)
     rates: dict[tuple[int, bool], Decimal] = {}
     for a in allocs:
         start = max(a.started_at, since) if since else a.started_at
         end = a.ended_at or now
-        hours = max(0.0, (end - start).total_seconds()) / 3600 * a.share_milli / 1000
+        held = device_share_milli(a.share_milli, a.gpu.capacity_milli)  # as billing bills it
+        hours = max(0.0, (end - start).total_seconds()) / 3600 * held / MILLI
         preemptible = a.job.preemptible or a.job.borrowed
         rkey = (a.gpu_model_id, preemptible)
         if rkey not in rates:
@@ -405,14 +407,14 @@ def efficiency_for_jobs(
         e = out[a.job_id]
         e.gpu_hours += hours
         e.cost += rates[rkey] * Decimal(str(round(hours, 6)))
-    cutoff = hour_start(now) - timedelta(hours=1)
+    cutoff = floor_hour(now) - timedelta(hours=1)
     fl = FloatField()
     qs = GpuRollup.objects.filter(held_by_job__in=ids).filter(
         Q(resolution=Resolution.MINUTE, bucket__gte=cutoff)
         | Q(resolution=Resolution.HOUR, bucket__lt=cutoff)
     )
     if since is not None:
-        qs = qs.filter(bucket__gte=hour_start(since))
+        qs = qs.filter(bucket__gte=floor_hour(since))
     rows = qs.values("held_by_job").annotate(
         w=Sum(ExpressionWrapper(F("samples") * F("share_milli"), output_field=fl)),
         wu=Sum(ExpressionWrapper(F("util_avg") * F("samples") * F("share_milli"), output_field=fl)),

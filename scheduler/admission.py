@@ -21,9 +21,11 @@ from portal.errors import DomainError
 from portal.models import Project, Role, User
 from portal.services import require_role
 from scheduler import ports
+from scheduler.core.model import MILLI, gpu_demand_milli, gpus_requested
+from scheduler.core.periods import month_start
 from scheduler.cycle_requests import request_cycle
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, PriorityClass, Quota
-from scheduler.selectors import gpu_models_meeting, month_start, project_gpu_hours
+from scheduler.selectors import gpu_models_meeting, project_gpu_hours
 from scheduler.transitions import can_transition, job_transition
 
 MAX_GPUS_PER_JOB = 4096
@@ -71,14 +73,15 @@ class JobSpec:
 
     @property
     def gpu_count(self) -> int:
-        if self.nodes and self.gpus_per_node:
-            return self.nodes * self.gpus_per_node
-        return self.gpus
+        return gpus_requested(self.gpus, self.nodes, self.gpus_per_node)
 
     @property
     def gpu_fraction(self) -> Decimal:
         """GPUs of demand, a fraction counting as that fraction."""
-        return Decimal(self.gpu_count * self.gpu_milli) / 1000
+        return (
+            Decimal(gpu_demand_milli(self.gpus, self.nodes, self.gpus_per_node, self.gpu_milli))
+            / MILLI
+        )
 
 
 def spec_validate(spec: JobSpec) -> JobSpec:

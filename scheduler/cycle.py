@@ -32,6 +32,7 @@ from scheduler.core.model import (
     RunningWork,
     Share,
     Snapshot,
+    gpu_capacity_milli,
 )
 from scheduler.core.plan import Plan, PolicyConfig, plan
 from scheduler.models import (
@@ -379,7 +380,7 @@ def build_state(
                 index=index,
                 model=model,
                 memory_mib=mem,
-                capacity_milli=1000 if sharing == Gpu.SharingMode.EXCLUSIVE else 1000 * factor,
+                capacity_milli=gpu_capacity_milli(sharing, factor),
                 used_milli=used_milli[gid],
                 used_memory_mib=used_mem[gid],
                 sharing=sharing,
@@ -597,7 +598,7 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
             node_name=name,
             usable=health != Gpu.Health.UNHEALTHY and node_state == Node.State.READY and not fenced,
             model_id=model_id,
-            capacity_milli=1000 if sharing == Gpu.SharingMode.EXCLUSIVE else 1000 * factor,
+            capacity_milli=gpu_capacity_milli(sharing, factor),
             memory_mib=memory,
         )
     used: dict[int, int] = defaultdict(int)

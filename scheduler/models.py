@@ -7,6 +7,7 @@ from decimal import Decimal
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from scheduler.core.model import gpu_capacity_milli, gpu_demand_milli, gpus_requested
 from scheduler.core.reasons import format_duration
 
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -175,8 +176,7 @@ class Gpu(models.Model):
 
     @property
     def capacity_milli(self) -> int:
-        exclusive = self.sharing_mode == self.SharingMode.EXCLUSIVE
-        return 1000 if exclusive else 1000 * self.oversubscription
+        return gpu_capacity_milli(self.sharing_mode, self.oversubscription)
 
 
 class PriorityClass(models.IntegerChoices):
@@ -320,13 +320,11 @@ class Job(models.Model):
     @property
     def gpu_count(self) -> int:
         """Whole GPUs the job occupies (a fraction counts as one device)."""
-        if self.nodes and self.gpus_per_node:
-            return self.nodes * self.gpus_per_node
-        return self.gpus
+        return gpus_requested(self.gpus, self.nodes, self.gpus_per_node)
 
     @property
     def gpu_demand_milli(self) -> int:
-        return self.gpu_count * self.gpu_milli
+        return gpu_demand_milli(self.gpus, self.nodes, self.gpus_per_node, self.gpu_milli)
 
     @property
     def runtime_estimate_text(self) -> str:

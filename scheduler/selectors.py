@@ -17,6 +17,8 @@ from portal.db import CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_get_visible, project_list_visible_to
+from scheduler.core.model import MILLI, device_share_milli, gpu_capacity_milli
+from scheduler.core.periods import month_start
 from scheduler.models import PRECISIONS, Allocation, GpuModel, Job, JobState, LogChunk, Node
 
 
@@ -105,17 +107,17 @@ class QuotaRow:
         return min(100, round(100 * self.used / self.limit))
 
 
-def month_start(now: datetime) -> datetime:
-    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
 def project_gpu_hours(project: Project, *, since: datetime, now: datetime) -> Decimal:
-    """GPU-hours the project used since `since` (fractions count as fractions)."""
+    """GPU-hours the project used since `since`: a share counts as the part of its device it
+    holds (`device_share_milli`), as billing bills it."""
     total = Decimal(0)
     rows = Allocation.objects.filter(job__project=project).exclude(ended_at__lt=since)
-    for share, started, ended in rows.values_list("share_milli", "started_at", "ended_at"):
+    for share, sharing, factor, started, ended in rows.values_list(
+        "share_milli", "gpu__sharing_mode", "gpu__oversubscription", "started_at", "ended_at"
+    ):
         seconds = ((ended or now) - max(started, since)).total_seconds()
-        total += Decimal(max(0.0, seconds)) * share / 1000 / 3600
+        held = device_share_milli(share, gpu_capacity_milli(sharing, factor))
+        total += Decimal(max(0.0, seconds)) * held / MILLI / 3600
     return total.quantize(Decimal("0.01"))
 
 

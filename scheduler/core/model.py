@@ -28,6 +28,38 @@ def _empty_int_map() -> Mapping[str, int]:
     return MappingProxyType({})
 
 
+# ---- rules stated once (Django models, billing and monitoring call these) ----------------
+
+
+def gpus_requested(gpus: int, nodes: int | None, gpus_per_node: int | None) -> int:
+    """Devices a job asks for: nodes × GPUs per node for a fixed layout, else `gpus` (a
+    fraction of a GPU asks for one device)."""
+    if nodes and gpus_per_node:
+        return nodes * gpus_per_node
+    return gpus
+
+
+def gpu_demand_milli(
+    gpus: int, nodes: int | None, gpus_per_node: int | None, gpu_milli: int
+) -> int:
+    """GPU demand in milli-GPU: the devices asked for × the share of each (what quotas count)."""
+    return gpus_requested(gpus, nodes, gpus_per_node) * gpu_milli
+
+
+def gpu_capacity_milli(sharing: str, oversubscription: int) -> int:
+    """What a device holds in milli-GPU: 1000 when exclusive, 1000 × the factor when shared."""
+    return MILLI if sharing == "exclusive" else MILLI * oversubscription
+
+
+def device_share_milli(share_milli: int, capacity_milli: int) -> int:
+    """The part of one whole GPU a share holds: on a time-sliced device (capacity 2000 for ×2)
+    a share counts as share/2, so the shares on one device never exceed one GPU. Rounded down
+    (in the customer's favour). What billing bills and quotas count as GPU-hours."""
+    if share_milli < 1 or capacity_milli < MILLI:
+        raise ValueError("A share is at least 1 milli-GPU on a device of at least 1000.")
+    return min(MILLI, share_milli * MILLI // capacity_milli)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuView:
     """One GPU device as the scheduler sees it."""
@@ -157,16 +189,12 @@ class JobRequest:
 
     @property
     def total_gpus(self) -> int:
-        if self.nodes is not None and self.gpus_per_node is not None:
-            return self.nodes * self.gpus_per_node
-        return self.gpus
+        return gpus_requested(self.gpus, self.nodes, self.gpus_per_node)
 
     @property
     def gpu_milli_total(self) -> int:
         """GPU demand in milli-GPU (what quotas count)."""
-        if self.is_fraction:
-            return self.gpu_milli
-        return self.total_gpus * MILLI
+        return gpu_demand_milli(self.gpus, self.nodes, self.gpus_per_node, self.gpu_milli)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from billing import pricing
+from scheduler.core.model import device_share_milli
 
 T0 = datetime(2025, 1, 31, 22, 0, tzinfo=UTC)
 
@@ -108,7 +109,7 @@ def test_reserved_fee_proration_credits_and_tax():
     ]
     assert pricing.apply_credits([(1, Decimal("10"))], Decimal("-3")) == []
     assert pricing.tax_on(Decimal("100.05"), Decimal("0.19")) == Decimal("19.01")
-    assert pricing.billed_share_milli(share_milli=333, capacity_milli=2000) == 166
+    assert device_share_milli(share_milli=333, capacity_milli=2000) == 166
     assert pricing.crossed_thresholds(spent=Decimal("80"), budget=Decimal("100")) == [50, 80]
     assert pricing.add_months(datetime(2025, 1, 31, tzinfo=UTC), 1) == datetime(
         2025, 2, 28, tzinfo=UTC
