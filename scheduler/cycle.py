@@ -17,6 +17,7 @@ from datetime import UTC as _UTC
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast, Coalesce
@@ -34,7 +35,8 @@ from scheduler.core.model import (
     Snapshot,
     gpu_capacity_milli,
 )
-from scheduler.core.plan import Plan, PolicyConfig, plan
+from scheduler.core.plan import QUEUE_POLICIES, Plan, PolicyConfig, plan
+from scheduler.core.scorers import SCORER_NAMES
 from scheduler.models import (
     Allocation,
     Gpu,
@@ -467,8 +469,19 @@ _POOL_POLICY = CompiledQuery(
 
 
 def policy_config() -> PolicyConfig:
-    """The first pool's policy (every pool is planned under it)."""
+    """The first pool's policy (every pool is planned under it). A name the core does not know
+    (written around the admin's choices) is refused with the names it does know."""
     for queue, scorer, backfill, preemption in _POOL_POLICY.rows():
+        if queue not in QUEUE_POLICIES:
+            raise ImproperlyConfigured(
+                f"The pool's queue policy {queue!r} is unknown; choose one of "
+                f"{', '.join(QUEUE_POLICIES)} (admin: Pools)."
+            )
+        if scorer not in SCORER_NAMES:
+            raise ImproperlyConfigured(
+                f"The pool's scorer {scorer!r} is unknown; choose one of "
+                f"{', '.join(SCORER_NAMES)} (admin: Pools)."
+            )
         return PolicyConfig(queue=queue, scorer=scorer, backfill=backfill, preemption=preemption)
     return PolicyConfig()
 

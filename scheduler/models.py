@@ -8,7 +8,9 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from scheduler.core.model import gpu_capacity_milli, gpu_demand_milli, gpus_requested
+from scheduler.core.plan import QUEUE_POLICIES
 from scheduler.core.reasons import format_duration
+from scheduler.core.scorers import SCORER_NAMES
 
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
@@ -57,21 +59,35 @@ class GpuModel(models.Model):
         return bool(self.mig_profiles)
 
 
-class Pool(models.Model):
-    """A group of nodes scheduled together, with its own queue policy and scorer."""
+# Words for the core's names (the names themselves come from the core's registries).
+QUEUE_POLICY_LABELS = {
+    "fcfs": "First come, first served",
+    "sjf": "Shortest job first",
+    "priority": "Priority with aging",
+    "fairshare": "Fair share",
+}
+SCORER_LABELS = {
+    "default": "Default (FGD with better tie-breaks)",
+    "fgd": "Fragmentation gradient descent (FGD)",
+    "best-fit": "Best fit",
+    "first-fit": "First fit",
+    "gpu-packing": "GPU packing",
+    "gpu-clustering": "GPU clustering",
+    "dot-product": "Dot product",
+    "random": "Random",
+}
+QUEUE_POLICY_CHOICES = [(name, QUEUE_POLICY_LABELS.get(name, name)) for name in QUEUE_POLICIES]
+SCORER_CHOICES = [(name, SCORER_LABELS.get(name, name)) for name in SCORER_NAMES]
 
-    class QueuePolicy(models.TextChoices):
-        FCFS = "fcfs", "First come, first served"
-        SJF = "sjf", "Shortest job first"
-        PRIORITY = "priority", "Priority with aging"
-        FAIRSHARE = "fairshare", "Fair share"
+
+class Pool(models.Model):
+    """A group of nodes scheduled together, with its own queue policy and scorer (each one
+    of the names the scheduler core knows: a typo is refused by the form, not by the cycle)."""
 
     name = models.SlugField(max_length=50, unique=True)
     description = models.CharField(max_length=200, blank=True)
-    queue_policy = models.CharField(
-        max_length=16, choices=QueuePolicy.choices, default=QueuePolicy.PRIORITY
-    )
-    scorer = models.CharField(max_length=32, default="default")
+    queue_policy = models.CharField(max_length=16, choices=QUEUE_POLICY_CHOICES, default="priority")
+    scorer = models.CharField(max_length=32, choices=SCORER_CHOICES, default="default")
     backfill = models.BooleanField(default=True)
     preemption = models.BooleanField(default=True)
 
