@@ -11,11 +11,21 @@ from typing import Any
 from celery import current_app
 
 
+def task_named(name: str) -> Any:
+    """The task registered as `name`. A web process imports no `tasks.py` by itself: the first
+    time a name is missing, every installed app's tasks are imported (Celery's autodiscovery,
+    as a worker does at start), so the task's own options and routes apply."""
+    tasks = current_app.tasks
+    if name not in tasks:
+        current_app.loader.import_default_modules()
+    return current_app.tasks[name]
+
+
 def enqueue(name: str, *args: Any) -> None:
     """Send the task registered as `name` to its queue."""
-    current_app.tasks[name].apply_async(args)
+    task_named(name).apply_async(args)
 
 
 def run_inline(name: str, *args: Any) -> Any:
     """Run the task registered as `name` in this thread (as `task.apply()`), for its result."""
-    return current_app.tasks[name].apply(args).get()
+    return task_named(name).apply(args).get()
