@@ -68,8 +68,10 @@ def from_ts(value: float) -> datetime:
 
 
 @dataclass
-class ClusterState:
-    """The snapshot plus what `apply` and `record_pending` need to map the plan back to rows."""
+class CycleInput:
+    """One cycle's input read from the database: the core's snapshot and queue, plus what
+    `apply_plan` and `record_pending` need to map the plan back to rows. (Not the core's
+    `scheduler.core.state.ClusterState`, which is the planner's array form of a snapshot.)"""
 
     snapshot: Snapshot
     queue: list[JobRequest]
@@ -310,7 +312,7 @@ def _decayed_usage(
 
 def build_state(
     *, now: datetime, extra_jobs: list[Job] | None = None, with_usage: bool = True
-) -> ClusterState:
+) -> CycleInput:
     """Read nodes, GPUs, active allocations, queued jobs and quotas into immutable core values.
 
     Plain rows, not model instances: the cycle reads tens of thousands of rows.
@@ -458,7 +460,7 @@ def build_state(
         quotas=project_quotas,
         model_precisions=model_precisions,
     )
-    return ClusterState(snapshot=snapshot, queue=queue, pending_now=pending_now)
+    return CycleInput(snapshot=snapshot, queue=queue, pending_now=pending_now)
 
 
 _POOL_POLICY = CompiledQuery(
@@ -586,7 +588,7 @@ _LOCK_QUEUED_JOBS = CompiledQuery(
 )
 
 
-def apply_plan(decided: Plan, state: ClusterState, *, now: datetime) -> CycleResult:
+def apply_plan(decided: Plan, state: CycleInput, *, now: datetime) -> CycleResult:
     """Write the plan's placements and preemptions; drop a placement that no longer fits.
 
     Plain rows throughout (a big cycle places hundreds of jobs on thousands of GPUs): the
@@ -727,7 +729,7 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
     return result
 
 
-def record_pending(decided: Plan, state: ClusterState, placed: set[int]) -> int:
+def record_pending(decided: Plan, state: CycleInput, placed: set[int]) -> int:
     """Write why each unplaced job waits. Advisory, so it never waits for a lock: a job that
     another transaction holds right now keeps its old reason until the next cycle."""
     changed: dict[int, tuple[str, str, int | None, datetime | None]] = {}

@@ -57,6 +57,9 @@ class Demand:
 
 @dataclass
 class ClusterState:
+    """The planner's working copy of a snapshot as arrays (nodes × GPUs), updated in place as
+    it places, preempts and releases work. The Django side's per-cycle input is `CycleInput`."""
+
     node_ids: IntArray
     names: list[str]
     pools: list[str]
