@@ -34,7 +34,8 @@ from scheduler.models import (
     NodeEvent,
     Pool,
 )
-from scheduler.nodes import agent_token_forget, node_issue_agent_token
+from scheduler.nodes.states import node_transition
+from scheduler.nodes.tokens import agent_token_forget, node_issue_agent_token
 
 
 class Provider(Protocol):
@@ -89,7 +90,7 @@ class AgentProcessProvider:
 
     def destroy(self, node: Node) -> None:
         self.stop(node)
-        Node.objects.filter(pk=node.pk).update(state=Node.State.RETIRED, agent_token_hash="")
+        Node.objects.filter(pk=node.pk).update(agent_token_hash="")
         agent_token_forget(node.agent_token_hash)
 
     def describe(self, node: Node) -> dict[str, Any]:
@@ -199,8 +200,14 @@ def node_deprovision(*, node: Node, reason: str) -> None:
     if node.allocations.filter(ended_at__isnull=True).exists():
         return
     provider_for(node.provider).destroy(node)
-    NodeEvent.objects.create(node=node, kind="deprovisioned", message=reason[:500])
-    audit_record(actor=None, action="node.deprovision", target=node, data={"reason": reason})
+    node_transition(
+        node=node,
+        to=Node.State.RETIRED,
+        kind="deprovisioned",
+        message=reason,
+        action="node.deprovision",
+        data={"reason": reason},
+    )
 
 
 def _scaler_input(scaler: Autoscaler, now: datetime) -> ScalerInput:

@@ -1,0 +1,101 @@
+"""What each node must run or stop, as its agent reads it."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from portal.db import CompiledQuery
+from scheduler.models import Allocation, JobState, Node
+
+
+class AssignedRow(NamedTuple):
+    """One active allocation on the node with what its agent needs of the job."""
+
+    job_id: int
+    share_milli: int
+    memory_mib: int
+    gpu_uuid: str
+    attempt: int
+    state: str
+    command: str
+    env: dict[str, Any]
+    checkpoint_dir: str
+    resume: bool
+    shard_index: int | None
+    shard_count: int | None
+    working_dir: str
+    grace_seconds: int
+
+
+# Compiled once (`CompiledQuery`): every agent reads this whenever its assignments change.
+_ASSIGNED = CompiledQuery(
+    lambda node_id: (
+        Allocation.objects.filter(
+            node_id=node_id,
+            ended_at__isnull=True,
+            job__state__in=[
+                JobState.SCHEDULED,
+                JobState.STARTING,
+                JobState.RUNNING,
+                JobState.PREEMPTING,
+            ],
+        )
+        .order_by("job_id", "gpu__index")
+        .values_list(
+            "job_id",
+            "share_milli",
+            "memory_mib",
+            "gpu__uuid",
+            "job__attempt",
+            "job__state",
+            "job__command",
+            "job__env",
+            "job__checkpoint_dir",
+            "job__resume",
+            "job__shard_index",
+            "job__shard_count",
+            "job__working_dir",
+            "job__grace_seconds",
+        )
+    )
+)
+
+
+def assignments_for(node: Node) -> list[dict[str, Any]]:
+    """What the node must run or stop: jobs with active allocations on it (one compiled
+    query: every agent reads this whenever its assignments change)."""
+    if node.fenced:
+        return []
+    by_job: dict[int, list[AssignedRow]] = {}
+    for raw in _ASSIGNED.rows(node_id=node.pk):
+        row = AssignedRow._make(raw)
+        by_job.setdefault(row.job_id, []).append(row)
+    out = []
+    for job_id, rows in by_job.items():
+        first = rows[0]
+        env = {str(k): str(v) for k, v in first.env.items()}
+        env["JOB_ID"] = str(job_id)
+        if first.checkpoint_dir:
+            env["CHECKPOINT_DIR"] = first.checkpoint_dir
+        env["RESUME"] = "1" if first.resume else "0"
+        if first.shard_index is not None:
+            env["SHARD_INDEX"] = str(first.shard_index)
+            env["SHARD_COUNT"] = str(first.shard_count or 1)
+        preempting = first.state == JobState.PREEMPTING
+        out.append(
+            {
+                "job_id": job_id,
+                "attempt": first.attempt,
+                "action": "stop" if preempting else "run",
+                "stop_reason": "preempt" if preempting else None,
+                "command": first.command,
+                "env": env,
+                "gpu_uuids": [row.gpu_uuid for row in rows],
+                "share_milli": min(first.share_milli if len(rows) == 1 else 1000, 1000),
+                "gpu_memory_limit_mib": first.memory_mib or None,
+                "working_dir": first.working_dir or None,
+                "checkpoint_dir": first.checkpoint_dir or None,
+                "grace_seconds": first.grace_seconds,
+            }
+        )
+    return out

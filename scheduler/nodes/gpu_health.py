@@ -1,0 +1,77 @@
+"""Acting on a GPU's health assessment: mark the GPU, fail the job that caused an XID, move
+work off an unhealthy GPU, and mark the node unhealthy when none of its GPUs is left."""
+
+from __future__ import annotations
+
+from portal.audit import audit_record
+from scheduler import health
+from scheduler.models import Allocation, Gpu, JobState, Node, NodeEvent
+from scheduler.nodes.faults import jobs_holding, requeue_after_fault
+from scheduler.nodes.states import node_transition
+from scheduler.transitions import job_transition
+
+
+def gpu_health_apply(node: Node, gpu: Gpu, assessment: health.Assessment) -> None:
+    """Act on one GPU's assessment: mark it, move its work, record and alert."""
+    for xid in assessment.job_fault_xids:
+        jobs = list(jobs_holding(gpu=gpu).filter(state__in=[JobState.STARTING, JobState.RUNNING]))
+        NodeEvent.objects.create(
+            node=node,
+            gpu=gpu,
+            severity=NodeEvent.Severity.WARNING,
+            kind=f"xid_{xid}",
+            message=f"XID {xid} on GPU {gpu.index}: an application fault; the GPU stays in service",
+        )
+        if len(jobs) == 1:  # on a shared GPU the culprit is unknown: record, do not guess
+            job = jobs[0]
+            job.failure_reason = f"The job caused GPU error XID {xid} (an application fault)"
+            job_transition(
+                job=job,
+                to=JobState.FAILED,
+                reason=job.failure_reason,
+                actor_label=f"health:{node.name}",
+                update_fields=("failure_reason",),
+            )
+    new = assessment.gpu.value
+    current = gpu.health
+    if new == current or (current == Gpu.Health.UNHEALTHY and new != Gpu.Health.UNHEALTHY):
+        return  # unhealthy is sticky: an operator resets it after looking at the GPU
+    gpu.health = new
+    gpu.save(update_fields=["health"])
+    reasons = "; ".join(assessment.reasons) or "back to normal"
+    severities: dict[str, str] = {
+        Gpu.Health.UNHEALTHY: NodeEvent.Severity.CRITICAL,
+        Gpu.Health.DEGRADED: NodeEvent.Severity.WARNING,
+    }
+    severity = severities.get(new, NodeEvent.Severity.INFO)
+    NodeEvent.objects.create(
+        node=node,
+        gpu=gpu,
+        severity=severity,
+        kind=f"gpu_{new}",
+        message=f"GPU {gpu.index} ({gpu.uuid}) {new}: {reasons}",
+    )
+    audit_record(
+        actor=None, action=f"gpu.{new}", target=gpu, data={"reasons": list(assessment.reasons)}
+    )
+    if new != Gpu.Health.UNHEALTHY:
+        return
+    faulted = jobs_holding(gpu=gpu).exclude(
+        state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+    )
+    for job in faulted:
+        requeue_after_fault(
+            job,
+            f"GPU {gpu.index} on {node.name} became unhealthy ({reasons})",
+            end_reason=Allocation.EndReason.GPU_FAULT,
+            actor=f"health:{node.name}",
+        )
+    healthy_left = node.gpus.exclude(health=Gpu.Health.UNHEALTHY).exists()
+    if not healthy_left and node.state == Node.State.READY:
+        node_transition(
+            node=node,
+            to=Node.State.UNHEALTHY,
+            kind="node_unhealthy",
+            severity=NodeEvent.Severity.CRITICAL,
+            message="Every GPU of the node is unhealthy; it takes no new work",
+        )

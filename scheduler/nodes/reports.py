@@ -1,0 +1,253 @@
+"""What agents report about the jobs they run: starts, exits, logs (one by one or in a sync)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from portal.db import AnyOf, CompiledQuery
+from portal.errors import Conflict
+from scheduler.cycle_requests import request_cycle
+from scheduler.models import Allocation, Job, JobState, LogChunk, Node
+from scheduler.transitions import job_transition, jobs_transition_bulk
+
+
+def _agent_job(node: Node, job_id: int, attempt: int) -> Job:
+    """The job, locked, if this node runs that attempt of it; else a 409 for the agent."""
+    job = Job.objects.select_for_update().filter(pk=job_id).first()
+    if (
+        job is None
+        or not Allocation.objects.filter(job_id=job_id, node=node, attempt=attempt).exists()
+    ):
+        raise Conflict("This node does not run that job attempt.", code="stale_attempt")
+    if job.attempt != attempt:
+        raise Conflict("That attempt of the job is over.", code="stale_attempt")
+    return job
+
+
+@transaction.atomic
+def job_started(*, node: Node, job_id: int, attempt: int, pid: int | None) -> Job:
+    job = _agent_job(node, job_id, attempt)
+    if job.state in (JobState.SCHEDULED, JobState.STARTING):
+        job_transition(
+            job=job,
+            to=JobState.RUNNING,
+            reason=f"Started on {node.name}",
+            actor_label=f"agent:{node.name}",
+            data={"pid": pid, "attempt": attempt},
+        )
+    return job
+
+
+class LockedJob(NamedTuple):
+    pk: int
+    state: str
+    attempt: int
+    started_at: datetime | None
+
+
+class HeldAttempt(NamedTuple):
+    job_id: int
+    attempt: int
+
+
+# Compiled once: every start an agent reports comes through here. The lock is taken when the
+# statement runs, inside `jobs_started`'s transaction.
+_LOCK_JOBS = CompiledQuery(
+    lambda ids: (
+        Job.objects.select_for_update()
+        .filter(AnyOf(F("pk"), ids))
+        .order_by("pk")
+        .values_list("pk", "state", "attempt", "started_at")
+    )
+)
+_HELD_ATTEMPTS = CompiledQuery(
+    lambda node_id, ids: Allocation.objects.filter(
+        AnyOf(F("job_id"), ids), node_id=node_id
+    ).values_list("job_id", "attempt")
+)
+
+
+@transaction.atomic
+def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`job_started` for many attempts at once (an agent's sync): one result per report.
+
+    The same checks as one by one: the node must run that attempt of the job, and the attempt
+    must be the job's current one; a stale report is answered as a conflict, not an error.
+    """
+    ids = sorted({int(r["job_id"]) for r in reports})
+    jobs = {row.pk: row for row in map(LockedJob._make, _LOCK_JOBS.rows(ids=ids))}
+    held = set(map(HeldAttempt._make, _HELD_ATTEMPTS.rows(node_id=node.pk, ids=ids)))
+    moving: dict[int, LockedJob] = {}
+    data: dict[int, dict[str, Any]] = {}
+    results: list[dict[str, Any]] = []
+    for r in reports:
+        job_id, attempt = int(r["job_id"]), int(r["attempt"])
+        result: dict[str, Any] = {"kind": "started", "job_id": job_id, "attempt": attempt}
+        job = jobs.get(job_id)
+        if job is None or HeldAttempt(job_id, attempt) not in held:
+            result["conflict"] = "This node does not run that job attempt."
+        elif job.attempt != attempt:
+            result["conflict"] = "That attempt of the job is over."
+        elif job.state in (JobState.SCHEDULED, JobState.STARTING) or job_id in moving:
+            moving[job_id] = job
+            data.setdefault(job_id, {"pid": r.get("pid"), "attempt": attempt})
+        results.append(result)
+    now = timezone.now()
+    jobs_transition_bulk(
+        rows=[(pk, job.state, job.started_at or now) for pk, job in moving.items()],
+        to=JobState.RUNNING,
+        reasons={pk: f"Started on {node.name}" for pk in moving},
+        actor_label=f"agent:{node.name}",
+        data=data,
+        update_fields=("started_at",),  # the first start's time; a restart keeps it
+        now=now,
+    )
+    for result in results:
+        if "conflict" not in result:
+            job_id = result["job_id"]
+            result["state"] = JobState.RUNNING if job_id in moving else jobs[job_id].state
+    return results
+
+
+def agent_reports_apply(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Apply an agent's started/exited reports in their order; one result per report.
+
+    Consecutive starts are applied together; each exit on its own. A stale attempt is a
+    `conflict` in its result and does not undo the others.
+    """
+    results: list[dict[str, Any]] = []
+    i = 0
+    while i < len(reports):
+        if reports[i]["kind"] == "started":
+            j = i
+            while j < len(reports) and reports[j]["kind"] == "started":
+                j += 1
+            results += jobs_started(node=node, reports=reports[i:j])
+            i = j
+            continue
+        r = reports[i]
+        result: dict[str, Any] = {"kind": "exited", "job_id": r["job_id"], "attempt": r["attempt"]}
+        try:
+            job = job_exited(
+                node=node,
+                job_id=r["job_id"],
+                report=ExitReport(
+                    attempt=r["attempt"],
+                    exit_code=r["exit_code"],
+                    signal=r.get("signal"),
+                    reason=r["reason"],
+                    message=r.get("message", ""),
+                ),
+            )
+            result["state"] = job.state
+        except Conflict as exc:
+            result["conflict"] = exc.message
+        results.append(result)
+        i += 1
+    return results
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    attempt: int
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    message: str = ""
+
+
+@transaction.atomic
+def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
+    """Apply an exit the agent reports: success, failure (maybe restart), or the end of a preemption."""
+    job = _agent_job(node, job_id, report.attempt)
+    label = f"agent:{node.name}"
+    data = {"exit_code": report.exit_code, "signal": report.signal, "attempt": report.attempt}
+    if job.state not in (
+        JobState.SCHEDULED,
+        JobState.STARTING,
+        JobState.RUNNING,
+        JobState.PREEMPTING,
+    ):
+        # Already handled (a resent report) or cancelled while running: the stop is confirmed.
+        return job
+    job.exit_code = report.exit_code
+    if job.state == JobState.PREEMPTING:
+        job.resume = bool(job.checkpoint_dir)
+        job.preempt_deadline = None
+        how = "resumes from its checkpoint" if job.resume else "restarts from the beginning"
+        job_transition(
+            job=job,
+            to=JobState.QUEUED,
+            reason=f"Preempted and requeued; it {how}",
+            actor_label=label,
+            data=data,
+            end_reason=Allocation.EndReason.PREEMPTED,
+            update_fields=("exit_code", "resume", "preempt_deadline"),
+        )
+    elif report.exit_code == 0:
+        job_transition(
+            job=job,
+            to=JobState.SUCCEEDED,
+            reason="Exited with code 0",
+            actor_label=label,
+            data=data,
+            update_fields=("exit_code",),
+        )
+    else:
+        what = (
+            f"exit code {report.exit_code}"
+            if report.exit_code is not None
+            else f"signal {report.signal}"
+        )
+        if report.reason == "failed_to_start":
+            what = f"failed to start: {report.message[:200]}"
+        if job.restarts < job.max_restarts and job.state == JobState.RUNNING:
+            job.restarts += 1
+            job.resume = bool(job.checkpoint_dir)
+            job_transition(
+                job=job,
+                to=JobState.QUEUED,
+                reason=f"Failed with {what}; restart {job.restarts} of {job.max_restarts}",
+                actor_label=label,
+                data=data,
+                end_reason=Allocation.EndReason.FAILED,
+                update_fields=("exit_code", "restarts", "resume"),
+            )
+        else:
+            job.failure_reason = f"Failed with {what}"[:500]
+            job_transition(
+                job=job,
+                to=JobState.FAILED,
+                reason=job.failure_reason,
+                actor_label=label,
+                data=data,
+                update_fields=("exit_code", "failure_reason"),
+            )
+    transaction.on_commit(request_cycle)
+    return job
+
+
+def job_log_append(
+    *, node: Node, job_id: int, attempt: int, seq: int, stream: str, text: str
+) -> bool:
+    """Store a log chunk once; a retried chunk is ignored. Returns whether it was new.
+
+    Chunks of an attempt this node ran are accepted even after the job ended (the last
+    lines can race the exit report).
+    """
+    if not Allocation.objects.filter(job_id=job_id, node=node, attempt=attempt).exists():
+        raise Conflict("This node did not run that job attempt.", code="stale_attempt")
+    try:
+        with transaction.atomic():
+            LogChunk.objects.create(
+                job_id=job_id, attempt=attempt, seq=seq, stream=stream, text=text
+            )
+    except IntegrityError:
+        return False
+    return True
