@@ -1,0 +1,318 @@
+"""Invoices: closing a month (in named steps), its PDF, the accounts still to close."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from billing import gateway, pricing
+from billing.models import (
+    Adjustment,
+    BillingAccount,
+    CreditApplication,
+    CreditGrant,
+    Invoice,
+    InvoiceLine,
+    ProjectBilling,
+    ReservedPlan,
+    Tier,
+    UsageRecord,
+)
+from billing.services.coverage import usage_apply_coverage
+from billing.services.drafts import draft_invoice
+from billing.services.metering import usage_meter
+from billing.services.periods import period_bounds, previous_period
+from portal.audit import audit_record
+from portal.enqueue import enqueue
+from portal.errors import DomainError
+
+
+class _Lines:
+    def __init__(self, invoice: Invoice) -> None:
+        self.invoice = invoice
+        self.rows: list[InvoiceLine] = []
+
+    def add(self, kind: str, description: str, amount: Decimal, **extra: Any) -> InvoiceLine:
+        line = InvoiceLine(
+            invoice=self.invoice,
+            position=len(self.rows) + 1,
+            kind=kind,
+            description=description[:300],
+            amount=amount,
+            **extra,
+        )
+        self.rows.append(line)
+        return line
+
+    @property
+    def total(self) -> Decimal:
+        return pricing.sum_amounts(line.amount for line in self.rows)
+
+
+@transaction.atomic
+def invoice_close(
+    *, account_id: int, period_start: date, now: datetime | None = None, meter: bool = True
+) -> Invoice:
+    """Close a month for one account: meter (unless the caller just metered everything), cover,
+    and issue the month's invoice with its lines. Metering writes records onto the month's
+    draft invoice; the close prices what is on it and issues it, so no record is ever moved.
+    Idempotent: an account's month is issued once (unique per account and month).
+
+    The lines come in this order, one step each: reserved fees, covered usage, usage (pay as
+    you go, preemptible, late), fault credits, adjustments, credits drawn, tax."""
+    now = now or timezone.now()
+    start, end = period_bounds(period_start)
+    if now < end:
+        raise DomainError(f"{period_start:%B %Y} has not ended yet.", field="period")
+    # FOR UPDATE waits for metering batches holding the account (FOR NO KEY UPDATE) and keeps
+    # new ones out until this month is issued: the draft's records are final while we price.
+    account = BillingAccount.objects.select_for_update().get(pk=account_id)
+    existing = Invoice.objects.filter(account=account, period_start=period_start).first()
+    if existing is not None and existing.status != Invoice.Status.DRAFT:
+        return existing
+    if meter:
+        project_ids = set(
+            ProjectBilling.objects.filter(account=account).values_list("project_id", flat=True)
+        )
+        usage_meter(now=now, project_ids=project_ids)
+    usage_apply_coverage(account_id=account.pk, period_start=period_start)
+    invoice = draft_invoice(account.pk, period_start)
+    invoice.currency, invoice.tax_rate = account.currency, account.tax_rate
+    lines = _Lines(invoice)
+    _add_reserved_fees(lines, account, start, end)
+    _add_usage(lines, invoice, period_start)
+    _add_fault_credits(lines, invoice)
+    _add_adjustments(lines, account, invoice)
+    subtotal = lines.total
+    credits = _draw_credits(lines, account, invoice, subtotal, start, end)
+    tax = _add_tax(lines, account, subtotal - credits)
+    _issue(invoice, lines, subtotal=subtotal, credits=credits, tax=tax, now=now)
+    return invoice
+
+
+def _add_reserved_fees(
+    lines: _Lines, account: BillingAccount, start: datetime, end: datetime
+) -> None:
+    """One line per reserved plan in force during the month, prorated to its days in it."""
+    month_seconds = int((end - start).total_seconds())
+    for plan in ReservedPlan.objects.filter(
+        account=account, starts_at__lt=end, ends_at__gt=start
+    ).select_related("gpu_model"):
+        part = int((min(plan.ends_at, end) - max(plan.starts_at, start)).total_seconds())
+        fee = pricing.prorate(plan.monthly_fee, part_seconds=part, whole_seconds=month_seconds)
+        note = (
+            ""
+            if part == month_seconds
+            else f", {part / 86400:.2f} of {month_seconds // 86400} days"
+        )
+        lines.add(
+            InvoiceLine.Kind.RESERVED_FEE,
+            f"Reserved {plan.gpus} × {plan.gpu_model.name}, {plan.term_months}-month term{note}",
+            fee,
+            gpu_model=plan.gpu_model,
+            plan=plan,
+            unit_price=plan.monthly_fee,
+        )
+
+
+def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
+    """The usage on the draft, grouped: first what reserved capacity covered (at no charge),
+    then what is billed: pay-as-you-go, preemptible, and late usage (of an earlier month,
+    metered after that month closed)."""
+    groups = list(
+        UsageRecord.objects.filter(invoice=invoice)
+        .values("period_start", "gpu_model_id", "gpu_model__name", "tier", "rate")
+        .annotate(
+            ms=Sum("milli_seconds"),
+            covered=Sum("covered_milli_seconds"),
+            cost=Sum("amount"),
+            n=Count("id"),
+        )
+        .order_by("-period_start", "gpu_model__name", "tier", "rate")
+    )
+    covered: dict[tuple[int, str], list[int]] = {}
+    for g in groups:
+        if g["covered"] and g["period_start"] == period_start:
+            key = (g["gpu_model_id"], g["gpu_model__name"])
+            acc = covered.setdefault(key, [0, 0])
+            acc[0] += g["covered"]
+            acc[1] += g["n"]
+    for (model_id, name), (ms, n) in sorted(covered.items(), key=lambda kv: kv[0][1]):
+        lines.add(
+            InvoiceLine.Kind.COVERED,
+            f"{name}: usage covered by reserved capacity",
+            Decimal("0.00"),
+            gpu_model_id=model_id,
+            gpu_hours=pricing.gpu_hours(ms),
+            record_count=n,
+        )
+    for g in groups:
+        uncovered = g["ms"] - (g["covered"] or 0)
+        if uncovered <= 0:
+            continue
+        kind, what = _usage_line_kind(
+            g["gpu_model__name"],
+            g["tier"],
+            usage_month=g["period_start"],
+            closing_month=period_start,
+            beyond_reserved=(g["gpu_model_id"], g["gpu_model__name"]) in covered,
+        )
+        lines.add(
+            kind,
+            what,
+            pricing.to_cents(g["cost"]),
+            gpu_model_id=g["gpu_model_id"],
+            tier=g["tier"],
+            usage_period_start=g["period_start"],
+            gpu_hours=pricing.gpu_hours(uncovered),
+            unit_price=g["rate"],
+            record_count=g["n"],
+        )
+
+
+def _usage_line_kind(
+    model: str, tier: str, *, usage_month: date, closing_month: date, beyond_reserved: bool
+) -> tuple[str, str]:
+    """The kind and description of a billed usage line: late usage (of an earlier month,
+    metered after its close), preemptible, or pay-as-you-go (beyond reserved capacity when
+    some of the model's usage was covered)."""
+    if usage_month != closing_month:
+        return (
+            InvoiceLine.Kind.LATE_USAGE,
+            f"{model}: {Tier(tier).label.lower()} usage of {usage_month:%B %Y} metered after its close",
+        )
+    if tier == Tier.PREEMPTIBLE:
+        return InvoiceLine.Kind.PREEMPTIBLE, f"{model}: preemptible usage"
+    return InvoiceLine.Kind.USAGE, f"{model}: pay-as-you-go usage" + (
+        " beyond reserved capacity" if beyond_reserved else ""
+    )
+
+
+def _add_fault_credits(lines: _Lines, invoice: Invoice) -> None:
+    """Time lost to platform faults is credited back, one line per GPU model."""
+    for f in (
+        UsageRecord.objects.filter(invoice=invoice, fault_credit=True)
+        .values("gpu_model_id", "gpu_model__name")
+        .annotate(cost=Sum("amount"), ms=Sum("milli_seconds"), n=Count("id"))
+        .order_by("gpu_model__name")
+    ):
+        if f["cost"]:
+            lines.add(
+                InvoiceLine.Kind.FAULT_CREDIT,
+                f"{f['gpu_model__name']}: time lost to platform faults is not billed "
+                "(node lost, GPU fault, preemption without checkpoint)",
+                -pricing.to_cents(f["cost"]),
+                gpu_model_id=f["gpu_model_id"],
+                gpu_hours=pricing.gpu_hours(f["ms"]),
+                record_count=f["n"],
+            )
+
+
+def _add_adjustments(lines: _Lines, account: BillingAccount, invoice: Invoice) -> None:
+    """The account's adjustments not yet on an invoice go on this one."""
+    adjustments = list(
+        Adjustment.objects.select_for_update().filter(account=account, invoice__isnull=True)
+    )
+    for adj in adjustments:
+        lines.add(InvoiceLine.Kind.ADJUSTMENT, adj.description, adj.amount)
+    Adjustment.objects.filter(pk__in=[a.pk for a in adjustments]).update(invoice=invoice)
+
+
+def _draw_credits(
+    lines: _Lines,
+    account: BillingAccount,
+    invoice: Invoice,
+    subtotal: Decimal,
+    start: datetime,
+    end: datetime,
+) -> Decimal:
+    """Draw the subtotal down from the account's credit grants valid in the month (soonest to
+    expire first); returns the amount drawn."""
+    grants = []  # the account row lock taken by the close serializes every draw on its grants
+    for grant in (
+        CreditGrant.objects.filter(account=account, granted_at__lt=end)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=start))
+        .annotate(drawn=Sum("applications__amount"))
+        .order_by("expires_at", "granted_at", "pk")
+    ):
+        remaining = grant.amount - (grant.drawn or Decimal(0))
+        if remaining > 0:
+            grants.append((grant.pk, remaining))
+    draws = pricing.apply_credits(grants, subtotal)
+    credits = pricing.sum_amounts(d for _, d in draws)
+    if credits:
+        lines.add(InvoiceLine.Kind.CREDITS, "Prepaid credits drawn down", -credits)
+        CreditApplication.objects.bulk_create(
+            [CreditApplication(grant_id=g, invoice=invoice, amount=d) for g, d in draws]
+        )
+    return credits
+
+
+def _add_tax(lines: _Lines, account: BillingAccount, taxable: Decimal) -> Decimal:
+    tax = pricing.tax_on(taxable, account.tax_rate)
+    if account.tax_rate > 0:
+        lines.add(
+            InvoiceLine.Kind.TAX,
+            f"Tax at {account.tax_rate * 100:.2f} %",
+            tax,
+            unit_price=account.tax_rate,
+        )
+    return tax
+
+
+def _issue(
+    invoice: Invoice,
+    lines: _Lines,
+    *,
+    subtotal: Decimal,
+    credits: Decimal,
+    tax: Decimal,
+    now: datetime,
+) -> None:
+    """Write the lines and the totals, open the invoice, and after commit mail it and push
+    it to Stripe."""
+    InvoiceLine.objects.bulk_create(lines.rows)
+    invoice.subtotal = subtotal
+    invoice.credits_applied = credits
+    invoice.tax = tax
+    invoice.total = lines.total
+    invoice.status = Invoice.Status.OPEN
+    invoice.issued_at = now
+    invoice.save()
+    audit_record(
+        actor=None,
+        action="billing.invoice.issue",
+        target=invoice,
+        data={"number": invoice.number, "total": str(invoice.total), "lines": len(lines.rows)},
+    )
+    invoice_id = invoice.pk
+    transaction.on_commit(lambda: enqueue("billing.send_invoice_email", invoice_id))
+    if gateway.enabled():
+        transaction.on_commit(lambda: enqueue("billing.push_invoice_to_stripe", invoice_id))
+
+
+def invoice_pdf(*, invoice: Invoice) -> bytes:
+    from billing.documents import render_invoice_pdf
+
+    return render_invoice_pdf(invoice)
+
+
+def invoices_close_month(
+    *, period_start: date | None = None, now: datetime | None = None
+) -> list[int]:
+    """Accounts still to close for a month (default: the month before `now`)."""
+    period_start = period_start or previous_period(now)
+    usage_meter(now=now)  # opens an account for every project that used GPUs
+    done = (
+        Invoice.objects.filter(period_start=period_start)
+        .exclude(status=Invoice.Status.DRAFT)
+        .values_list("account_id", flat=True)
+    )
+    return list(
+        BillingAccount.objects.exclude(pk__in=done).order_by("pk").values_list("pk", flat=True)
+    )

@@ -1,0 +1,168 @@
+"""Price lists and reserved plans."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from billing import pricing
+from billing.models import (
+    BillingAccount,
+    PriceVersion,
+    ProjectBilling,
+    ReservedPlan,
+)
+from billing.rates import PriceTable
+from portal.audit import audit_record
+from portal.errors import Conflict, DomainError
+from portal.models import Project, User
+from scheduler.models import GpuModel
+
+PRICE_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def price_list_seed() -> int:
+    """Give every catalog model without a price version one from its catalog price, in effect
+    since long ago. Idempotent."""
+    priced = set(PriceVersion.objects.values_list("gpu_model_id", flat=True).distinct())
+    created = 0
+    discount = PriceVersion.default_preemptible_discount()
+    for model in GpuModel.objects.exclude(pk__in=priced):
+        _, made = PriceVersion.objects.get_or_create(
+            gpu_model=model,
+            effective_from=PRICE_EPOCH,
+            defaults={
+                "on_demand_per_gpu_hour": model.price_per_gpu_hour,
+                "preemptible_discount": discount,
+                "note": "Catalog list price",
+            },
+        )
+        created += made
+    return created
+
+
+@transaction.atomic
+def price_publish(
+    *,
+    actor: User | None,
+    gpu_model: GpuModel,
+    effective_from: datetime,
+    on_demand_per_gpu_hour: Decimal,
+    preemptible_discount: Decimal | None = None,
+    reserved_discounts: dict[int, Decimal] | None = None,
+    note: str = "",
+    now: datetime | None = None,
+) -> PriceVersion:
+    """Add a price version. It must take effect now or later: the past is never repriced."""
+    now = now or timezone.now()
+    if effective_from < pricing.floor_second(now):
+        raise DomainError(
+            "A price change cannot take effect in the past; choose a time from now on.",
+            field="effective_from",
+        )
+    if not Decimal(0) <= on_demand_per_gpu_hour < Decimal(100000):
+        raise DomainError(
+            "A price is 0 to 99,999 USD per GPU-hour.", field="on_demand_per_gpu_hour"
+        )
+    price_list_seed()
+    current = PriceTable.load().at(gpu_model.pk, effective_from)
+    version = PriceVersion(
+        gpu_model=gpu_model,
+        effective_from=effective_from,
+        on_demand_per_gpu_hour=on_demand_per_gpu_hour,
+        note=note,
+        created_by=actor if actor is not None and actor.pk else None,
+    )
+    discount_fields = (
+        "preemptible_discount",
+        *(f"reserved_discount_{t}m" for t in pricing.RESERVED_TERMS_MONTHS),
+    )
+    for name in discount_fields:
+        if current is not None:
+            setattr(version, name, getattr(current, name))
+    if preemptible_discount is not None:
+        version.preemptible_discount = preemptible_discount
+    for term, value in (reserved_discounts or {}).items():
+        setattr(version, f"reserved_discount_{term}m", value)
+    for name in discount_fields:
+        if not Decimal(0) <= getattr(version, name) <= Decimal(1):
+            raise DomainError("A discount is a fraction from 0 to 1.", field=name)
+    try:
+        with transaction.atomic():
+            version.save()
+    except IntegrityError:
+        raise Conflict(f"{gpu_model.name} already has a price from {effective_from}.") from None
+    audit_record(
+        actor=actor,
+        action="billing.price.publish",
+        target=version,
+        data={
+            "gpu_model": gpu_model.name,
+            "effective_from": effective_from.isoformat(),
+            "on_demand": str(on_demand_per_gpu_hour),
+        },
+    )
+    return version
+
+
+@transaction.atomic
+def reserved_plan_create(
+    *,
+    actor: User | None,
+    account: BillingAccount,
+    gpu_model: GpuModel,
+    gpus: int,
+    term_months: int,
+    starts_at: datetime,
+    project: Project | None = None,
+) -> ReservedPlan:
+    """Reserve `gpus` of a model for a term; the fee comes from the price in effect at start."""
+    if term_months not in pricing.RESERVED_TERMS_MONTHS:
+        raise DomainError("A reservation term is 1, 12 or 36 months.", field="term_months")
+    if not 1 <= gpus <= 4096:
+        raise DomainError("Reserve 1 to 4096 GPUs.", field="gpus")
+    projects = list(
+        ProjectBilling.objects.filter(account=account).values_list("project_id", flat=True)
+    )
+    if project is None and len(projects) == 1:
+        project = Project.objects.get(pk=projects[0])
+    if project is None or project.pk not in projects:
+        raise DomainError(
+            "Name the project (billed to this account) whose jobs the GPUs are guaranteed to.",
+            field="project",
+        )
+    price_list_seed()
+    version = PriceTable.load().at(gpu_model.pk, starts_at)
+    if version is None:
+        raise DomainError(f"{gpu_model.name} has no price at {starts_at}.", field="starts_at")
+    plan = ReservedPlan.objects.create(
+        account=account,
+        project=project,
+        gpu_model=gpu_model,
+        gpus=gpus,
+        term_months=term_months,
+        starts_at=starts_at,
+        ends_at=pricing.add_months(starts_at, term_months),
+        monthly_fee=pricing.reserved_monthly_fee(
+            on_demand=version.on_demand_per_gpu_hour,
+            gpus=gpus,
+            discount=version.reserved_discount(term_months),
+        ),
+        price_version=version,
+    )
+    audit_record(
+        actor=actor,
+        action="billing.reserved.create",
+        target=plan,
+        project=project,
+        data={
+            "gpus": gpus,
+            "model": gpu_model.name,
+            "term": term_months,
+            "fee": str(plan.monthly_fee),
+        },
+    )
+    return plan
