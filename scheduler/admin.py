@@ -64,7 +64,9 @@ class NodeAdmin(AuditedAdmin):
     ]
     list_filter = ["state", "provider", "pool"]
     search_fields = ["name"]
+    # state changes go through the node state machine (the operator pages' actions)
     readonly_fields = [
+        "state",
         "last_heartbeat_at",
         "created_at",
         "updated_at",
