@@ -43,7 +43,9 @@ class EpochCache(Generic[K, V]):
         return self._items
 
     def get(self, key: K) -> V | None:
-        return self._fresh().get(key)
+        if self._seen != self._epoch.value:
+            return self._fresh().get(key)
+        return self._items.get(key)
 
     def put(self, key: K, value: V) -> V:
         self._fresh()[key] = value
@@ -67,7 +69,9 @@ class EpochSet(Generic[K]):
         return self._items
 
     def __contains__(self, key: K) -> bool:
-        return key in self._fresh()
+        if self._seen != self._epoch.value:
+            return key in self._fresh()
+        return key in self._items
 
     def add(self, key: K) -> None:
         self._fresh().add(key)

@@ -124,6 +124,8 @@ class PlacementSearch:
     def __init__(self, ctx: PlanningContext, scorer: Scorer) -> None:
         self.ctx = ctx
         self.scorer = scorer
+        self.rng = ctx.rng
+        self.spread_gangs = ctx.cfg.spread_gangs
 
     @staticmethod
     def demand(job: JobRequest, gpus: int, model_ok: BoolArray, cpu: int, mem: int) -> Demand:
@@ -146,11 +148,11 @@ class PlacementSearch:
             return self._find_gang(st, job, node_ok, model_ok, blocked, scorer)
         d = self.demand(job, total, model_ok, job.cpu_milli, job.memory_mib)
         rows, usable = st.feasible_nodes(d, node_ok, blocked)
-        choice = choose_row(scorer, st, d, rows, usable, self.ctx.rng)
+        choice = choose_row(scorer, st, d, rows, usable, self.rng)
         if choice is not None:
             row, cols = choice
             return [Take(row, cols, d.milli, d.gpu_memory_mib, d.cpu_milli, d.memory_mib)]
-        if total > 1 and not job.is_fraction and self.ctx.cfg.spread_gangs:
+        if total > 1 and not job.is_fraction and self.spread_gangs:
             return self._find_spread(st, job, total, node_ok, model_ok, blocked)
         return None
 
@@ -183,7 +185,7 @@ class PlacementSearch:
         takes: list[Take] = []
         for _ in range(job.nodes):
             rows, usable = st.feasible_nodes(d, remaining, blocked)
-            choice = choose_row(scorer, st, d, rows, usable, self.ctx.rng)
+            choice = choose_row(scorer, st, d, rows, usable, self.rng)
             if choice is None:
                 return None
             row, cols = choice
