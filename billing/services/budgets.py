@@ -14,9 +14,9 @@ from billing.models import (
     BudgetAlert,
     Notification,
 )
+from billing.pricing import period_of
 from billing.services.credits import MAX_MONEY
 from billing.services.notifications import notification_create, owner_emails, send_plain
-from billing.services.periods import period_of
 from portal.audit import audit_record
 from portal.errors import DomainError, NotFound
 from portal.models import Project, Role, User

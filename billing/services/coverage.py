@@ -17,7 +17,7 @@ from billing.models import (
     Tier,
     UsageRecord,
 )
-from billing.services.periods import period_bounds
+from billing.pricing import period_bounds
 
 
 @transaction.atomic

@@ -7,7 +7,7 @@ from datetime import date
 from billing.models import (
     Invoice,
 )
-from billing.services.periods import period_bounds
+from billing.pricing import period_bounds
 
 
 def invoice_number(account_id: int, period_start: date) -> str:

@@ -23,10 +23,11 @@ from billing.models import (
     Tier,
     UsageRecord,
 )
+from billing.pricing import period_bounds
 from billing.services.coverage import usage_apply_coverage
 from billing.services.drafts import draft_invoice
 from billing.services.metering import usage_meter
-from billing.services.periods import period_bounds, previous_period
+from billing.services.periods import previous_period
 from portal.audit import audit_record
 from portal.enqueue import enqueue
 from portal.errors import DomainError

@@ -20,11 +20,11 @@ from billing.models import (
     Tier,
     UsageRecord,
 )
+from billing.pricing import period_bounds, period_of
 from billing.rates import PriceTable
 from billing.services.accounts import accounts_for_projects
 from billing.services.coverage import usage_apply_coverage
 from billing.services.drafts import draft_invoice
-from billing.services.periods import period_bounds, period_of
 from billing.services.prices import price_list_seed
 from portal.audit import audit_record
 from portal.errors import DomainError
