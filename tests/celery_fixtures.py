@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from celery.contrib.testing.worker import start_worker
@@ -27,16 +26,3 @@ def celery_live_worker(transactional_db) -> Iterator[object]:
         shutdown_timeout=30,
     ) as worker:
         yield worker
-
-
-def wait_for(
-    predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.1
-) -> object:
-    """Poll until `predicate()` is truthy; fail with a clear message on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")

@@ -91,7 +91,7 @@ def wait_for_registration(names: list[str], timeout: float = 30) -> None:
     agent's, not the fixture's) and heartbeated."""
     from portal.models import AuditEvent
     from scheduler.models import Node
-    from tests.celery_fixtures import wait_for
+    from tests.polling import wait_for
 
     ids = {str(pk) for pk in Node.objects.filter(name__in=names).values_list("pk", flat=True)}
 

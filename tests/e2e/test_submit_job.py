@@ -7,7 +7,7 @@ import re
 import pytest
 
 from scheduler.models import Job, JobState
-from tests.celery_fixtures import wait_for
+from tests.polling import wait_for
 from tests.stack_fixtures import wait_for_registration
 
 pytestmark = [pytest.mark.e2e, pytest.mark.celery, pytest.mark.django_db(transaction=True)]

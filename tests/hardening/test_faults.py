@@ -29,8 +29,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from tests.celery_fixtures import wait_for
 from tests.hardening.invariants import assert_invariants, ledger
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]

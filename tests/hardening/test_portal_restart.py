@@ -9,8 +9,8 @@ import pytest
 from scheduler.admission import JobSpec, job_submit
 from scheduler.cycle import run_cycle
 from scheduler.models import Job, JobState, LogChunk, Node
-from tests.celery_fixtures import wait_for
 from tests.hardening.invariants import assert_invariants
+from tests.polling import wait_for
 from tests.stack_fixtures import Agents, Web, wait_for_registration
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]

@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 
 from portal.services import token_create
 from scheduler.models import Job, JobState, Node
-from tests.celery_fixtures import wait_for
 from tests.hardening.invariants import assert_invariants
+from tests.polling import wait_for
 from tests.stack_fixtures import ROOT, Agents, Web, wait_for_registration
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]

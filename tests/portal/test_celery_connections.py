@@ -11,7 +11,7 @@ from django.core.cache import cache
 from django.db import connection, connections
 
 from config.celery import app
-from tests.celery_fixtures import wait_for
+from tests.polling import wait_for
 
 
 @app.task(name="tests.record_backend_pid")

@@ -8,7 +8,7 @@ import pytest
 
 from scheduler.models import Job, JobState
 from scheduler.tasks import scheduling_cycle
-from tests.celery_fixtures import wait_for
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from portal.services import token_create
 from scheduler.models import Job, JobState, LogChunk
-from tests.celery_fixtures import wait_for
+from tests.polling import wait_for
 from tests.stack_fixtures import wait_for_registration
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]

@@ -19,6 +19,7 @@ import pytest
 from agent.config import Config
 from agent.gpus import TELEMETRY_KEYS
 from agent.main import Agent
+from tests.polling import wait_for
 
 TOKEN = "node-token-for-tests-0123456789"
 API = "/api/agent/v1"
@@ -157,17 +158,6 @@ class FakePortal:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 8.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.02)
 
 
 def alive(pid: int) -> bool:

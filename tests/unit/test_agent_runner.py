@@ -6,13 +6,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.runner import Assignment, Message, Runner
+from tests.polling import wait_for
 
 UUID_A = "GPU-11111111-2222-3333-4444-555555555555"
 UUID_B = "GPU-66666666-7777-8888-9999-000000000000"
@@ -25,18 +26,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def wait_for(
-    predicate: Callable[[], bool], timeout: float = 5.0, runner: Runner | None = None
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        if runner is not None:
-            runner.poll()
-        time.sleep(0.02)
 
 
 def assignment(job_id: int = 1, command: str = "true", **kw: Any) -> Assignment:
@@ -63,7 +52,7 @@ def runner(tmp_path: Path) -> Iterator[Runner]:
 
 def run_to_end(runner: Runner, a: Assignment, timeout: float = 5.0) -> dict[str, Any]:
     runner.start(a)
-    wait_for(lambda: not runner.jobs, timeout, runner)
+    wait_for(lambda: not runner.jobs, timeout, 0.02, between=runner.poll)
     (exited,) = messages(runner, "exited")
     return exited.body
 
@@ -109,7 +98,7 @@ def test_big_output_is_cut_into_chunks_on_line_boundaries(runner: Runner) -> Non
 def test_logs_are_flushed_within_a_second_while_the_job_runs(runner: Runner) -> None:
     runner.start(assignment(command="echo early; sleep 30"))
     started = time.monotonic()
-    wait_for(lambda: bool(messages(runner, "logs")), 3.0, runner)
+    wait_for(lambda: bool(messages(runner, "logs")), 3.0, 0.02, between=runner.poll)
     assert time.monotonic() - started < 1.6
     assert logs_of(runner, "stdout") == "early\n"
     assert runner.jobs[(1, 1)].alive
@@ -125,7 +114,7 @@ def test_stop_terminates_the_whole_process_group(runner: Runner, tmp_path: Path)
 
     started = time.monotonic()
     assert runner.stop((1, 1), "preempted", "preempted by the portal")
-    wait_for(lambda: not runner.jobs, 5.0, runner)
+    wait_for(lambda: not runner.jobs, 5.0, 0.02, between=runner.poll)
     assert time.monotonic() - started < 3.0  # SIGTERM was enough: no waiting out the grace
     assert not alive(child) and not alive(leader)
     (exited,) = messages(runner, "exited")
@@ -146,7 +135,7 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(runner: Runner, tmp_p
     time.sleep(0.3)
     runner.poll()
     assert alive(child), "SIGTERM is ignored, so the grace is waited out"
-    wait_for(lambda: not runner.jobs, 5.0, runner)
+    wait_for(lambda: not runner.jobs, 5.0, 0.02, between=runner.poll)
     assert 0.5 <= time.monotonic() - started < 3.0
     assert not alive(child)
     (exited,) = messages(runner, "exited")
@@ -218,12 +207,12 @@ def test_a_job_that_cannot_start_is_reported(runner: Runner, tmp_path: Path) -> 
 
 def test_forget_stops_the_attempt_and_reports_nothing_more(runner: Runner) -> None:
     runner.start(assignment(command="echo hi; sleep 30", grace_seconds=2))
-    wait_for(lambda: bool(messages(runner, "started")), 3.0, runner)
+    wait_for(lambda: bool(messages(runner, "started")), 3.0, 0.02, between=runner.poll)
     pid = runner.jobs[(1, 1)].pid
     assert pid is not None
     runner.forget((1, 1), "409 from the portal")
     assert not runner.outbox
-    wait_for(lambda: not runner.jobs, 5.0, runner)
+    wait_for(lambda: not runner.jobs, 5.0, 0.02, between=runner.poll)
     assert not alive(pid)
     assert not runner.outbox  # no exit report for a forgotten attempt
     assert runner.knows((1, 1))

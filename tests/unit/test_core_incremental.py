@@ -9,7 +9,7 @@ import numpy as np
 from scheduler.core.plan import PolicyConfig, _Planner, _Usage, order_queue, plan
 from scheduler.core.scorers import unique_rows
 from scheduler.core.state import ClusterState
-from tests.unit.test_core_helpers import job, node, running, snapshot
+from tests.unit.core_helpers import job, node, running, snapshot
 
 NOW = 10_000.0
 

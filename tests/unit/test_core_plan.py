@@ -6,7 +6,7 @@ import pytest
 
 from scheduler.core import PendingReason, PolicyConfig, ProjectQuota, plan
 from scheduler.core.plan import order_queue
-from tests.unit.test_core_helpers import job, node, running, snapshot
+from tests.unit.core_helpers import job, node, running, snapshot
 
 NOW = 100_000.0
 GREEDY = PolicyConfig(backfill=False, strict_order=False, preemption=False, elastic=False)

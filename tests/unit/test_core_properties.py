@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import JobRequest, Plan, PolicyConfig, ProjectQuota, Snapshot, plan
-from tests.unit.test_core_helpers import job, node, running, snapshot
+from tests.unit.core_helpers import job, node, running, snapshot
 
 NOW = 50_000.0
 MODELS = ["A100", "H100", "T4"]
