@@ -26,29 +26,63 @@ _odd = (
     | st.sampled_from(["", " x", "x\x00", "é", "GPU-1", "x" * 65, "true"])
     | st.just([])
 )
-_process = st.dictionaries(st.sampled_from(["pid", "used_memory_mib", "other"]), _odd, max_size=3)
-_sample = st.fixed_dictionaries(
-    {"uuid": st.sampled_from(["GPU-1", "GPU-2"]) | _odd},
+_count = st.integers(0, 2**63 - 1)
+
+
+def _number(low: int, high: int) -> st.SearchStrategy[Any]:
+    return st.integers(low, high) | st.floats(low, high)
+
+
+# Heartbeats as agents send them: every value in range, so the plain parser answers and the
+# property below has something to compare. `_heartbeats` then spoils some of them.
+_plain_sample = st.fixed_dictionaries(
+    {"uuid": st.sampled_from(["GPU-1", "GPU-2", "GPU-abc-123", "x" * 64])},
     optional={
-        "utilization": _odd,
-        "memory_used_mib": _odd,
-        "temperature_c": _odd,
-        "power_w": _odd,
-        "ecc_uncorrected": _odd,
-        "row_remap_pending": _odd,
-        "xid_events": st.lists(_odd, max_size=3) | _odd,
-        "throttle_reasons": st.lists(_odd, max_size=3) | _odd,
-        "processes": st.lists(_process, max_size=2) | _odd,
-        "lost": _odd,
-        "age_s": _odd,
-        "unknown": _odd,
+        "utilization": st.none() | _number(0, 100),
+        "memory_used_mib": st.none() | _count,
+        "temperature_c": st.none() | _number(-50, 200),
+        "power_w": st.none() | _number(0, 5000),
+        "ecc_uncorrected": st.none() | _count,
+        "row_remap_pending": st.none() | st.booleans(),
+        "xid_events": st.lists(_count, max_size=3),
+        "throttle_reasons": st.lists(
+            st.sampled_from(["", "HW_SLOWDOWN", "sw_power_cap"]), max_size=3
+        ),
+        "processes": st.lists(
+            st.fixed_dictionaries(
+                {"pid": _count}, optional={"used_memory_mib": st.none() | _count}
+            ),
+            max_size=2,
+        ),
+        "lost": st.booleans(),
+        "age_s": _number(0, 600),
     },
 )
-_running = st.dictionaries(st.sampled_from(["job_id", "attempt", "pid", "other"]), _odd, max_size=4)
-_heartbeats = st.fixed_dictionaries(
-    {"telemetry": st.lists(_sample, max_size=3), "running": st.lists(_running, max_size=2)},
-    optional={"other": _odd},
+_plain_running = st.fixed_dictionaries(
+    {"job_id": st.integers(1, 2**63 - 1), "attempt": _count},
+    optional={"pid": st.none() | _count},
 )
+_plain_heartbeats = st.fixed_dictionaries(
+    {
+        "telemetry": st.lists(_plain_sample, max_size=3),
+        "running": st.lists(_plain_running, max_size=2),
+    }
+)
+
+
+@st.composite
+def _spoiled(draw: st.DrawFn) -> Any:
+    """A plain heartbeat with one value replaced by an odd one (or one unknown field added)."""
+    body = draw(_plain_heartbeats)
+    records = [*body["telemetry"], *body["running"]]
+    if not records:
+        return dict(body, other=draw(_odd))
+    record = draw(st.sampled_from(records))
+    record[draw(st.sampled_from([*record, "other"]))] = draw(_odd)
+    return body
+
+
+_heartbeats = _plain_heartbeats | _spoiled()
 
 
 def as_json(value: Any) -> str:
@@ -61,13 +95,24 @@ def serializer_answer(body: Any) -> Any:
     return json.loads(json.dumps(serializer.validated_data))  # nested OrderedDicts to dicts
 
 
-@settings(max_examples=600, deadline=None)
-@given(_heartbeats)
-def test_the_plain_parser_agrees_with_the_serializer(body):
-    parsed = _plain_heartbeat(body)
-    if parsed is None:
-        return  # the serializer's to decide
-    assert as_json(parsed) == as_json(serializer_answer(body))
+def test_the_plain_parser_agrees_with_the_serializer():
+    compared: list[Any] = []
+
+    @settings(max_examples=600, deadline=None, database=None)
+    @given(_heartbeats)
+    def check(body: Any) -> None:
+        parsed = _plain_heartbeat(body)
+        if parsed is None:
+            return  # the serializer's to decide (and to explain)
+        compared.append(body)
+        assert as_json(parsed) == as_json(serializer_answer(body))
+
+    check()
+    # Most examples reach the comparison: a generator the parser always declines proves nothing.
+    assert len(compared) >= 200, len(compared)  # about half do; a third at least
+    # ...and they are not all alike: empty heartbeats, samples, running jobs.
+    assert any(b["telemetry"] for b in compared) and any(b["running"] for b in compared)
+    assert any(not b["telemetry"] and not b["running"] for b in compared)
 
 
 def test_it_parses_what_the_agent_sends():
