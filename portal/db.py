@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -302,24 +302,37 @@ class AnyOf(Lookup):  # type: ignore[type-arg]
         return f"{lhs} IN ({', '.join(['%s'] * len(values))})", [*lhs_params, *values]
 
 
-class CompiledQuery:
-    """A `values_list` read that Django builds and compiles once, then runs as plain rows.
+RowT = TypeVar("RowT", bound=tuple[Any, ...])
+
+
+class CompiledQuery(Generic[RowT]):
+    """A `values_list` read that Django builds and compiles once, then runs as named rows.
 
     Building and compiling a queryset costs more CPU than PostgreSQL spends answering a small
-    read, and the scheduling cycle runs the same reads back to back. `build(**params)` returns
-    the queryset; on PostgreSQL it is built once with a `Slot` for each parameter, and every
-    call runs that SQL with the parameters' values in their slots. Elsewhere (SQLite) the
-    queryset is built and run each time, as Django would.
+    read, and the scheduling cycle runs the same reads back to back (`bench.cycle_scale`).
+    `build(**params)` returns the queryset; on PostgreSQL it is built once with a `Slot` for
+    each parameter, and every call runs that SQL with the parameters' values in their slots.
+    Elsewhere (SQLite, the embedded default) the queryset is built and run each time, as
+    Django would. Each row comes back as `row` (a `NamedTuple` whose fields are the selected
+    columns, in order; its width is checked against the query's), or a plain tuple without.
     """
 
-    def __init__(self, build: Callable[..., QuerySet[Any, Any]]) -> None:
+    @overload
+    def __init__(
+        self: CompiledQuery[tuple[Any, ...]], build: Callable[..., QuerySet[Any, Any]]
+    ) -> None: ...
+    @overload
+    def __init__(self, build: Callable[..., QuerySet[Any, Any]], *, row: type[RowT]) -> None: ...
+    def __init__(self, build: Callable[..., QuerySet[Any, Any]], *, row: type[Any] = tuple) -> None:
+        self._row = row
         self._build = build
         self._compiled: tuple[str, list[Any], list[tuple[int, list[Any], Any]]] | None = None
 
-    def rows(self, **params: Any) -> list[tuple[Any, ...]]:
+    def rows(self, **params: Any) -> list[RowT]:
         conn = connections[DEFAULT_DB_ALIAS]
+        make: Callable[[Any], RowT] = getattr(self._row, "_make", self._row)
         if conn.vendor != "postgresql":
-            return [tuple(row) for row in self._build(**params)]
+            return [make(row) for row in self._build(**params)]  # `_make` checks the width
         if self._compiled is None:
             self._compiled = self._compile(conn, list(params))
         sql, template, converters = self._compiled
@@ -328,7 +341,7 @@ class CompiledQuery:
             cursor.execute(sql, values)
             rows = cursor.fetchall()
         if not converters:
-            return rows
+            return [make(row) for row in rows]
         out = []
         for row in rows:
             converted = list(row)
@@ -337,8 +350,15 @@ class CompiledQuery:
                 for convert in convs:
                     value = convert(value, expression, conn)
                 converted[pos] = value
-            out.append(tuple(converted))
+            out.append(make(converted))
         return out
+
+    def _check_width(self, columns: int) -> None:
+        fields = getattr(self._row, "_fields", None)
+        if fields is not None and columns != len(fields):
+            raise TypeError(
+                f"{self._row.__name__} names {len(fields)} columns, the query selects {columns}"
+            )
 
     def _compile(
         self, conn: Any, names: list[str]
@@ -346,6 +366,7 @@ class CompiledQuery:
         queryset = self._build(**{name: Slot(name) for name in names})
         compiler = queryset.query.get_compiler(connection=conn)
         sql, template = compiler.as_sql()
+        self._check_width(compiler.col_count)
         select = [s[0] for s in compiler.select[: compiler.col_count]]
         converters = [
             (pos, convs, expression)

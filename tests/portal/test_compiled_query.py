@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any, NamedTuple
 
 import pytest
 from django.db.models import F
@@ -11,6 +12,16 @@ from django.utils import timezone
 from portal.db import AnyOf, CompiledQuery, EpochSeconds
 from portal.models import Project
 from scheduler.models import Node
+
+
+class SlugRow(NamedTuple):
+    slug: str
+
+
+class NodeRow(NamedTuple):
+    name: str
+    labels: dict[str, Any]
+    created_s: float
 
 
 def counted(build):
@@ -35,7 +46,7 @@ def test_compiled_once_then_each_call_gets_its_own_parameters(make_project):
             .values_list("slug")
         )
     )
-    query = CompiledQuery(build)
+    query = CompiledQuery(build, row=SlugRow)
     past = timezone.now() - timedelta(hours=1)
     assert query.rows(slugs=["a"], since=past) == [("a",)]
     assert query.rows(slugs=["b", "c", "zz"], since=past) == [("b",), ("c",)]
@@ -49,11 +60,20 @@ def test_rows_are_converted_as_django_would(fleet):
     query = CompiledQuery(
         lambda: Node.objects.order_by("pk").values_list(
             "name", "labels", EpochSeconds("created_at")
-        )
+        ),
+        row=NodeRow,
     )
     expected = list(
         Node.objects.order_by("pk").values_list("name", "labels", EpochSeconds("created_at"))
     )
     rows = query.rows()
     assert rows == expected
-    assert isinstance(rows[0][1], dict) and isinstance(rows[0][2], float)
+    assert isinstance(rows[0].labels, dict) and isinstance(rows[0].created_s, float)
+
+
+@pytest.mark.django_db
+def test_a_row_type_that_names_other_columns_than_the_query_is_refused(make_project):
+    make_project("a")
+    query = CompiledQuery(lambda: Project.objects.values_list("slug", "name"), row=SlugRow)
+    with pytest.raises(TypeError):
+        query.rows()
