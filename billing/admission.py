@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import F
@@ -37,13 +38,23 @@ def _preemptible_offer(spec: JobSpec) -> str:
     return f"Resubmit it as preemptible ({model.name} at ${rate}/GPU-hour on idle GPUs; it may be stopped)"
 
 
+class Standing(NamedTuple):
+    payment_failed_at: datetime | None
+    monthly_amount: Decimal | None
+    hard_cap: bool | None
+    allowance_percent: int | None
+
+
+# Fast path (`bench.submit_throughput`, docs/benchmarks.md "Jobs from API submit to running"):
+# every submission asks, and building this queryset cost more CPU than answering it.
 _STANDING = CompiledQuery(
     lambda project_id: Project.objects.filter(pk=project_id).values_list(
         "billing__account__payment_failed_at",
         "budget__monthly_amount",
         "budget__hard_cap",
         "budget__preemptible_allowance_percent",
-    )
+    ),
+    row=Standing,
 )
 
 
@@ -54,7 +65,9 @@ def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict |
     for every submission.
     """
     rows = _STANDING.rows(project_id=project.pk)
-    payment_failed_at, monthly_amount, hard_cap, allowance = rows[0] if rows else (None,) * 4
+    payment_failed_at, monthly_amount, hard_cap, allowance = (
+        rows[0] if rows else Standing(None, None, None, None)
+    )
     cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
     if payment_failed_at is not None and payment_failed_at <= cutoff:
         return Verdict(
@@ -87,19 +100,6 @@ def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict |
     )
 
 
-# The cycle's reads, compiled once (`CompiledQuery`): the cycle asks on every run.
-_OVERDUE_PROJECTS = CompiledQuery(
-    lambda project_ids, cutoff: ProjectBilling.objects.filter(
-        AnyOf(F("project_id"), project_ids), account__payment_failed_at__lte=cutoff
-    ).values_list("project_id")
-)
-_HARD_CAPPED_BUDGETS = CompiledQuery(
-    lambda project_ids: Budget.objects.filter(
-        AnyOf(F("project_id"), project_ids), hard_cap=True
-    ).values_list("project_id", "monthly_amount", "preemptible_allowance_percent")
-)
-
-
 def projects_over_budget(*, project_ids: set[int]) -> set[int]:
     """The scheduler port `BUDGET_GATE`: projects whose queued jobs must wait."""
     if not project_ids:
@@ -107,12 +107,16 @@ def projects_over_budget(*, project_ids: set[int]) -> set[int]:
     now = timezone.now()
     ids = list(project_ids)
     cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
-    out = {project_id for (project_id,) in _OVERDUE_PROJECTS.rows(project_ids=ids, cutoff=cutoff)}
-    budgets = _HARD_CAPPED_BUDGETS.rows(project_ids=ids)
+    out = set(
+        ProjectBilling.objects.filter(
+            AnyOf(F("project_id"), ids), account__payment_failed_at__lte=cutoff
+        ).values_list("project_id", flat=True)
+    )
+    budgets = list(Budget.objects.filter(AnyOf(F("project_id"), ids), hard_cap=True))
     if budgets:
-        spend = selectors.project_spend(project_ids={b[0] for b in budgets}, now=now)
-        for project_id, monthly_amount, allowance_percent in budgets:
-            ceiling = monthly_amount * (100 + allowance_percent) / 100
-            if spend.get(project_id, Decimal(0)) >= ceiling:
-                out.add(project_id)
+        spend = selectors.project_spend(project_ids={b.project_id for b in budgets}, now=now)
+        for budget in budgets:
+            ceiling = budget.monthly_amount * (100 + budget.preemptible_allowance_percent) / 100
+            if spend.get(budget.project_id, Decimal(0)) >= ceiling:
+                out.add(budget.project_id)
     return out

@@ -28,7 +28,6 @@ from billing.models import (
 )
 from billing.pricing import period_bounds
 from billing.rates import PriceTable
-from portal.db import CompiledQuery
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
@@ -206,19 +205,15 @@ def job_cost(job: Job, *, now: datetime | None = None) -> Decimal:
     return pricing.to_cents(metered + open_part)
 
 
-# Reserved plans in force at `now` (the cycle asks on every run: compiled once).
-_ACTIVE_RESERVED_PLANS = CompiledQuery(
-    lambda now: ReservedPlan.objects.filter(starts_at__lte=now, ends_at__gt=now).values_list(
-        "account_id", "project__slug", "gpu_model__name", "gpus"
-    )
-)
-
-
 def reserved_gpus_by_project(*, now: datetime | None = None) -> dict[str, dict[str, int]]:
     """Scheduler snapshot: project slug → GPU model name → GPUs guaranteed by active reserved
     plans (a plan without a project belongs to its account's only project)."""
     now = now or timezone.now()
-    plans = _ACTIVE_RESERVED_PLANS.rows(now=now)
+    plans = list(
+        ReservedPlan.objects.filter(starts_at__lte=now, ends_at__gt=now).values_list(
+            "account_id", "project__slug", "gpu_model__name", "gpus"
+        )
+    )
     sole: dict[int, str] = {}
     unassigned = {account_id for account_id, project_slug, _, _ in plans if project_slug is None}
     if unassigned:

@@ -47,6 +47,8 @@ class CatalogFilter:
         return cls(min_memory_gb=min_memory_gb, precision=precision)
 
 
+# Fast path (`bench.submit_throughput`, docs/benchmarks.md "Jobs from API submit to running"):
+# every submission that names a model asks; the row maps to the model in `instance_from_row`.
 _ACTIVE_MODEL_NAMED = CompiledQuery(
     lambda name: GpuModel.objects.filter(is_active=True, name=name).values_list(
         *concrete_columns(GpuModel)
@@ -55,8 +57,7 @@ _ACTIVE_MODEL_NAMED = CompiledQuery(
 
 
 def gpu_model_active(name: str) -> GpuModel | None:
-    """The catalog's active GPU model of that name, or None. Compiled once: every submission
-    that names a model asks."""
+    """The catalog's active GPU model of that name, or None."""
     rows = _ACTIVE_MODEL_NAMED.rows(name=name)
     if not rows:
         return None

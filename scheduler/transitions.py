@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from portal.db import AnyOf, CompiledQuery, bulk_update_rows, insert_rows
+from portal.db import AnyOf, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import ports
@@ -120,14 +120,6 @@ def job_transition(
     return job
 
 
-# The nodes of the jobs' active allocations (compiled once: the cycle asks every placement).
-_ACTIVE_JOB_NODES = CompiledQuery(
-    lambda job_ids: Allocation.objects.filter(
-        AnyOf(F("job_id"), job_ids), ended_at__isnull=True
-    ).values_list("job_id", "node_id")
-)
-
-
 def jobs_transition_bulk(
     *,
     rows: Sequence[tuple[Any, ...]],
@@ -184,7 +176,11 @@ def jobs_transition_bulk(
     insert_rows(JobEvent, JOB_EVENT_FIELDS, events)
     if moved_on_nodes or (placed and ports.ALLOCATION_LISTENERS):
         # the caller created the placed jobs' allocations before this call
-        pairs = _ACTIVE_JOB_NODES.rows(job_ids=[*{*moved_on_nodes, *placed}])
+        pairs = list(
+            Allocation.objects.filter(
+                AnyOf(F("job_id"), [*{*moved_on_nodes, *placed}]), ended_at__isnull=True
+            ).values_list("job_id", "node_id")
+        )
         moved, started = set(moved_on_nodes), set(placed)
         assignments_changed({node for job, node in pairs if job in moved})
         if started:
