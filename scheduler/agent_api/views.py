@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-from typing import Any, TypeGuard
+from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema
 from rest_framework import (
     authentication,
     exceptions,
@@ -19,10 +18,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api.schema import PortalAutoSchema, StrictJSONParser
-from portal.api.serializers import StrictSerializer
 from portal.ratelimit import FixedWindowMixin
 from scheduler import dispatch, nodes
-from scheduler.agent_api import gate
+from scheduler.agent_api import fastparse, gate
+from scheduler.agent_api.serializers import (
+    ExitedSerializer,
+    HeartbeatSerializer,
+    LogSerializer,
+    RegisterSerializer,
+    StartedSerializer,
+    SyncSerializer,
+)
 from scheduler.models import Node
 
 
@@ -129,304 +135,6 @@ class AgentView(APIView):
         return node
 
 
-class GpuInventorySerializer(StrictSerializer):
-    index = serializers.IntegerField(min_value=0, max_value=63)
-    uuid = serializers.RegexField(r"^[A-Za-z0-9-]{4,64}$")
-    name = serializers.CharField(max_length=100)
-    memory_mib = serializers.IntegerField(min_value=1, max_value=4 * 1024 * 1024)
-    mig_mode = serializers.BooleanField(default=False)
-
-
-class RegisterSerializer(StrictSerializer):
-    hostname = serializers.CharField(max_length=253)
-    simulated = serializers.BooleanField(default=False)
-    driver_version = serializers.CharField(max_length=32, allow_blank=True, default="")
-    cuda_version = serializers.CharField(max_length=16, allow_blank=True, default="")
-    cpu_milli = serializers.IntegerField(min_value=0, max_value=10_000_000, default=0)
-    memory_mib = serializers.IntegerField(min_value=0, max_value=1 << 32, default=0)
-    gpus = GpuInventorySerializer(many=True, allow_empty=True)
-
-    def validate_gpus(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if len(value) > 64:
-            raise serializers.ValidationError("At most 64 GPUs per node.")
-        return value
-
-
-class ProcessSerializer(StrictSerializer):
-    pid = serializers.IntegerField(min_value=0)
-    used_memory_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-
-
-class NumberField(serializers.FloatField):
-    """A JSON number: DRF's FloatField would take `true` as 1.0."""
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool):
-            self.fail("invalid")
-        value: float = super().to_internal_value(data)
-        return value
-
-
-class TelemetrySerializer(StrictSerializer):
-    uuid = serializers.CharField(max_length=64, trim_whitespace=False)  # as NVML reports it
-    utilization = NumberField(min_value=0, max_value=100, allow_null=True, required=False)
-    memory_used_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-    temperature_c = NumberField(min_value=-50, max_value=200, allow_null=True, required=False)
-    power_w = NumberField(min_value=0, max_value=5000, allow_null=True, required=False)
-    ecc_uncorrected = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-    row_remap_pending = serializers.BooleanField(allow_null=True, required=False)
-    xid_events = serializers.ListField(
-        child=serializers.IntegerField(min_value=0), max_length=100, required=False
-    )
-    throttle_reasons = serializers.ListField(
-        child=serializers.CharField(max_length=64, allow_blank=True), max_length=32, required=False
-    )
-    processes = ProcessSerializer(many=True, required=False)
-    lost = serializers.BooleanField(default=False)
-    # seconds before this heartbeat the sample was taken (agents batch 1 Hz samples)
-    age_s = NumberField(min_value=0, max_value=600, required=False)
-
-
-class RunningSerializer(StrictSerializer):
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=0)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-
-
-class HeartbeatSerializer(StrictSerializer):
-    # up to 64 GPUs × 32 sampled instants
-    telemetry = TelemetrySerializer(many=True, max_length=2048)  # type: ignore[call-arg]
-    running = RunningSerializer(many=True, max_length=1000)  # type: ignore[call-arg]
-
-
-EXIT_REASONS = ["exited", "killed", "preempted", "cancelled", "failed_to_start"]
-
-
-class StartedSerializer(StrictSerializer):
-    attempt = serializers.IntegerField(min_value=1)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-
-
-class ExitedSerializer(StrictSerializer):
-    attempt = serializers.IntegerField(min_value=1)
-    exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
-    signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
-    reason = serializers.ChoiceField(choices=EXIT_REASONS)
-    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
-
-
-class LogSerializer(StrictSerializer):
-    attempt = serializers.IntegerField(min_value=1)
-    seq = serializers.IntegerField(min_value=0)
-    stream = serializers.ChoiceField(choices=["stdout", "stderr"])
-    text = serializers.CharField(max_length=256 * 1024, allow_blank=True, trim_whitespace=False)
-
-
-class SyncStartedReport(StrictSerializer):
-    """What the schema says of a started report (parsing is `SyncReportSerializer`)."""
-
-    kind = serializers.ChoiceField(choices=["started"])
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
-
-
-class SyncExitedReport(StrictSerializer):
-    """What the schema says of an exited report: exit_code and reason are required."""
-
-    kind = serializers.ChoiceField(choices=["exited"])
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
-    exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
-    signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
-    reason = serializers.ChoiceField(choices=EXIT_REASONS)
-    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
-
-
-@extend_schema_field(
-    PolymorphicProxySerializer(
-        component_name="SyncReport",
-        serializers={"started": SyncStartedReport, "exited": SyncExitedReport},
-        resource_type_field_name="kind",
-        many=True,
-    )
-)
-class SyncReportList(serializers.ListSerializer):  # type: ignore[type-arg]
-    """The reports of a sync; the schema shows each as a started or an exited report."""
-
-
-class SyncReportSerializer(StrictSerializer):
-    kind = serializers.ChoiceField(choices=["started", "exited"])
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
-    exit_code = serializers.IntegerField(
-        min_value=-255, max_value=255, allow_null=True, required=False
-    )
-    signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
-    reason = serializers.ChoiceField(choices=EXIT_REASONS, required=False)
-    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
-
-    class Meta:
-        list_serializer_class = SyncReportList
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs["kind"] == "exited":
-            missing = [f for f in ("exit_code", "reason") if f not in attrs]
-            if missing:
-                raise serializers.ValidationError(
-                    {f: ["An exited report needs exit_code and reason."] for f in missing}
-                )
-        elif any(f in attrs for f in ("exit_code", "signal", "reason")):
-            raise serializers.ValidationError(
-                {"kind": ["A started report has no exit_code, signal or reason."]}
-            )
-        return attrs
-
-
-class SyncSerializer(StrictSerializer):
-    version = serializers.RegexField(
-        r"^[0-9a-f]{1,64}$", required=False, allow_null=True, allow_blank=True
-    )
-    reports = SyncReportSerializer(many=True, max_length=500, default=list)  # type: ignore[call-arg]
-    assignments = serializers.BooleanField(default=True)  # false: only the reports, no answer
-
-
-_SYNC_FIELDS = frozenset({"version", "reports", "assignments"})
-_SYNC_VERSION = re.compile(r"[0-9a-f]{1,64}")
-
-
-def _idle_sync(data: Any) -> dict[str, Any] | None:
-    """What `SyncSerializer` makes of a sync without reports, found without building one (the
-    agents' most frequent request); None for anything else, which the serializer parses."""
-    if not isinstance(data, dict) or not data.keys() <= _SYNC_FIELDS:
-        return None
-    version, assignments = data.get("version"), data.get("assignments", True)
-    if data.get("reports", []) != [] or not isinstance(assignments, bool):
-        return None
-    if version is not None and not (
-        isinstance(version, str) and (version == "" or _SYNC_VERSION.fullmatch(version))
-    ):
-        return None
-    parsed: dict[str, Any] = {"reports": [], "assignments": assignments}
-    if "version" in data:
-        parsed["version"] = version
-    return parsed
-
-
-_INT64_MAX = 2**63 - 1
-_NUMBER_RANGES = {"utilization": (0, 100), "temperature_c": (-50, 200), "power_w": (0, 5000)}
-_TELEMETRY_FIELDS = frozenset(TelemetrySerializer._declared_fields)
-_RUNNING_FIELDS = frozenset(RunningSerializer._declared_fields)
-_PROCESS_FIELDS = frozenset(ProcessSerializer._declared_fields)
-
-
-def _count(value: Any) -> TypeGuard[int]:
-    return type(value) is int and 0 <= value <= _INT64_MAX
-
-
-def _plain_text(value: Any, max_length: int, *, blank: bool) -> bool:
-    """A string DRF's CharField keeps as it is (ASCII, nothing to trim, no NUL)."""
-    return (
-        type(value) is str
-        and (blank or value != "")
-        and len(value) <= max_length
-        and value.isascii()
-        and "\x00" not in value
-    )
-
-
-def _plain_telemetry(record: Any) -> dict[str, Any] | None:
-    """What `TelemetrySerializer` makes of one sample, or None where it might differ."""
-    if type(record) is not dict or not record.keys() <= _TELEMETRY_FIELDS:
-        return None
-    uuid = record.get("uuid")
-    if not _plain_text(uuid, 64, blank=False):
-        return None
-    out: dict[str, Any] = {"uuid": uuid}
-    for name, (low, high) in _NUMBER_RANGES.items():
-        if name in record:
-            value = record[name]
-            if value is not None and not (type(value) in (int, float) and low <= value <= high):
-                return None
-            out[name] = None if value is None else float(value)
-    for name in ("memory_used_mib", "ecc_uncorrected"):
-        if name in record:
-            if record[name] is not None and not _count(record[name]):
-                return None
-            out[name] = record[name]
-    if "row_remap_pending" in record:
-        pending = record["row_remap_pending"]
-        if pending is not None and type(pending) is not bool:  # 0 == False, yet DRF says False
-            return None
-        out["row_remap_pending"] = pending
-    if "xid_events" in record:
-        xids = record["xid_events"]
-        if type(xids) is not list or len(xids) > 100 or not all(_count(x) for x in xids):
-            return None
-        out["xid_events"] = list(xids)
-    if "throttle_reasons" in record:
-        reasons = record["throttle_reasons"]
-        if type(reasons) is not list or len(reasons) > 32:
-            return None
-        if not all(_plain_text(r, 64, blank=True) and r == r.strip() for r in reasons):
-            return None
-        out["throttle_reasons"] = list(reasons)
-    if "processes" in record:
-        processes = []
-        for process in record["processes"] if type(record["processes"]) is list else [None]:
-            if type(process) is not dict or not process.keys() <= _PROCESS_FIELDS:
-                return None
-            if not _count(process.get("pid")):
-                return None
-            used = process.get("used_memory_mib", 0)
-            if used is not None and not _count(used):
-                return None
-            processes.append(dict(process))
-        out["processes"] = processes
-    lost = record.get("lost", False)
-    if type(lost) is not bool:
-        return None
-    out["lost"] = lost
-    if "age_s" in record:
-        age = record["age_s"]
-        if not (type(age) in (int, float) and 0 <= age <= 600):
-            return None
-        out["age_s"] = float(age)
-    return out
-
-
-def _plain_heartbeat(data: Any) -> dict[str, Any] | None:
-    """What `HeartbeatSerializer` makes of a heartbeat as agents send it, found without
-    building a serializer per sample (a node sends 40 of them every few seconds); None for
-    anything else, which the serializer parses and, if need be, explains."""
-    if type(data) is not dict or data.keys() != {"telemetry", "running"}:
-        return None
-    telemetry, running = data["telemetry"], data["running"]
-    if type(telemetry) is not list or len(telemetry) > 2048:
-        return None
-    if type(running) is not list or len(running) > 1000:
-        return None
-    samples = []
-    for record in telemetry:
-        sample = _plain_telemetry(record)
-        if sample is None:
-            return None
-        samples.append(sample)
-    attempts = []
-    for entry in running:
-        if type(entry) is not dict or not entry.keys() <= _RUNNING_FIELDS:
-            return None
-        job_id, attempt, pid = entry.get("job_id"), entry.get("attempt"), entry.get("pid", 0)
-        if not (_count(job_id) and job_id >= 1 and _count(attempt)):
-            return None
-        if pid is not None and not _count(pid):
-            return None
-        attempts.append(dict(entry))
-    return {"telemetry": samples, "running": attempts}
-
-
 def _parse(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
     body = serializer_class(data=request.data)
     body.is_valid(raise_exception=True)
@@ -452,7 +160,7 @@ class RegisterView(AgentView):
 class HeartbeatView(AgentView):
     @extend_schema(request=HeartbeatSerializer, responses={200: dict})
     def post(self, request: Request) -> Response:
-        data = _plain_heartbeat(request.data) or _parse(HeartbeatSerializer, request)
+        data = fastparse.plain_heartbeat(request.data) or _parse(HeartbeatSerializer, request)
         node = nodes.node_heartbeat(
             node=self.node, telemetry=data["telemetry"], running=data["running"]
         )
@@ -477,7 +185,7 @@ class SyncView(AgentView):
 
     @extend_schema(request=SyncSerializer, responses={200: dict})
     def post(self, request: Request) -> Response:
-        data = _idle_sync(request.data) or _parse(SyncSerializer, request)
+        data = fastparse.idle_sync(request.data) or _parse(SyncSerializer, request)
         agent: AgentPrincipal = request.user  # type: ignore[assignment]
         results = (
             nodes.agent_reports_apply(node=self.node, reports=data["reports"])

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from redis import Redis
 from rest_framework.test import APIClient
 
-from scheduler.agent_api.views import AgentThrottle, SyncSerializer, _idle_sync
+from scheduler.agent_api.fastparse import idle_sync as _idle_sync
+from scheduler.agent_api.serializers import SyncSerializer
+from scheduler.agent_api.views import AgentThrottle
 from scheduler.nodes import AGENT_TOKEN_TTL_S, agent_token_hash, agent_token_key, node_set_state
 
 SYNC = "/api/agent/v1/sync"

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.gpus import TELEMETRY_KEYS, SimulatedBackend
-from scheduler.agent_api.views import HeartbeatSerializer, _plain_heartbeat
+from scheduler.agent_api.fastparse import plain_heartbeat as _plain_heartbeat
+from scheduler.agent_api.serializers import HeartbeatSerializer
 
 _odd = (
     st.none()
