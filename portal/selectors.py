@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from portal.errors import NotFound
 from portal.models import ApiToken, Membership, Project, Role, User
@@ -16,27 +16,19 @@ def project_list_visible_to(*, user: User) -> QuerySet[Project]:
     return qs.order_by("name").distinct()
 
 
-PROJECT_WITH_ROLE = """
-SELECT p.*,
-       (SELECT m.role FROM portal_membership m
-         WHERE m.project_id = p.id AND m.user_id = %s) AS member_role
-  FROM portal_project p
- WHERE p.slug = %s
-"""
-
-
 def project_get_visible(*, user: User, slug: str) -> Project:
     """One visible project, or NotFound: another tenant's project looks like no project.
 
     The user's role in it is read by the same statement and kept on the instance, so the
-    `project_role_of` (or `require_role`) that usually follows costs no second query. Plain
-    SQL: every API call that names a project comes through here.
+    `project_role_of` (or `require_role`) that usually follows costs no second query.
     """
-    project = next(iter(Project.objects.raw(PROJECT_WITH_ROLE, [user.pk, slug])), None)
-    role = getattr(project, "member_role", None)
-    if project is None or (role is None and not user.is_staff):
+    role = Membership.objects.filter(project=OuterRef("pk"), user=user).order_by().values("role")
+    visible = Project.objects.filter(slug=slug).order_by().annotate(member_role=Subquery(role))
+    project = next(iter(visible), None)  # the slug is unique
+    role_name = getattr(project, "member_role", None)
+    if project is None or (role_name is None and not user.is_staff):
         raise NotFound("No such project.")
-    project._role_read_for = (user.pk, role)  # type: ignore[attr-defined]
+    project._role_read_for = (user.pk, role_name)  # type: ignore[attr-defined]
     return project
 
 
