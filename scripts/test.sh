@@ -69,5 +69,23 @@ if [ -z "${CHROMIUM_PATH:-}" ]; then
 fi
 
 export DJANGO_SETTINGS_MODULE=config.settings.test
-echo "test: PostgreSQL $DATABASE_URL, Redis $REDIS_URL, Chromium ${CHROMIUM_PATH:-none}"
-"$PY" -m pytest "$@"
+# tests/embedded is a second lane: the embedded default's fallbacks (SQLite, file cache, no
+# Redis) under config.settings.embedded_test. It runs after the main suite when no test path
+# is named, and alone when it is the path named.
+named=0 embedded=0
+for arg in "$@"; do
+  case "$arg" in
+    tests/embedded*) embedded=1 ;;
+    tests*|*.py|*::*) named=1 ;;
+  esac
+done
+if [ "$embedded" = 0 ]; then
+  echo "test: PostgreSQL $DATABASE_URL, Redis $REDIS_URL, Chromium ${CHROMIUM_PATH:-none}"
+  "$PY" -m pytest "$@"
+fi
+if [ "$embedded" = 1 ] || [ "$named" = 0 ]; then
+  echo "test: the embedded lane (SQLite, file cache, no Redis)"
+  lane=(); [ "$embedded" = 1 ] || lane=(tests/embedded)
+  DJANGO_SETTINGS_MODULE=config.settings.embedded_test "$PY" -m pytest "${lane[@]}" "$@" \
+    || { status=$?; [ "$status" = 5 ] || exit "$status"; }  # 5: -k/-m left none to run
+fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 
 import pytest
@@ -12,6 +13,10 @@ from portal.models import Membership, Project, Role, User
 from portal.services import project_create
 
 _seq = itertools.count(1)
+
+# The embedded lane runs under its own settings (scripts/test.sh), never in the main suite.
+if os.environ.get("DJANGO_SETTINGS_MODULE") != "config.settings.embedded_test":
+    collect_ignore = ["embedded"]
 
 
 @pytest.fixture
