@@ -148,7 +148,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000, help="per variant, request, run")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--no-docs", action="store_true", help="only print the table")
+    parser.add_argument(
+        "--shipped-only", action="store_true", help="only the shipped configuration"
+    )
     args = parser.parse_args()
+    variants = VARIANTS[:1] if args.shipped_only else VARIANTS
     setup("agents")
     try:
         from django.test.utils import setup_test_environment
@@ -176,17 +180,17 @@ def main() -> None:
         from scheduler.agent_api.views import AgentThrottle
 
         results: dict[str, dict[str, list[float]]] = {
-            name: {"sync": [], "heartbeat": []} for name, _ in VARIANTS
+            name: {"sync": [], "heartbeat": []} for name, _ in variants
         }
         # the throttle counts as in production, with room for far more than an agent's share
         rates = {**AgentThrottle.THROTTLE_RATES, "agent": "100000000/min"}
         with patched(AgentThrottle, "THROTTLE_RATES", rates):
-            for _, variant in VARIANTS:  # a round to warm every path up, not recorded
+            for _, variant in variants:  # a round to warm every path up, not recorded
                 with variant():
                     timed(sync, 50)
                     timed(heartbeat, 20)
             for run in range(args.runs):
-                for name, variant in VARIANTS:
+                for name, variant in variants:
                     with variant():
                         results[name]["sync"].append(timed(sync, args.requests))
                         results[name]["heartbeat"].append(timed(heartbeat, args.requests // 4))
@@ -195,7 +199,7 @@ def main() -> None:
         teardown()
     base = {k: statistics.median(results[VARIANTS[0][0]][k]) for k in ("sync", "heartbeat")}
     rows = []
-    for name, _ in VARIANTS:
+    for name, _ in variants:
         med = {k: statistics.median(results[name][k]) for k in ("sync", "heartbeat")}
         rows.append(
             [
@@ -217,7 +221,7 @@ def main() -> None:
         rows,
     )
     print(table)
-    if not args.no_docs:
+    if not args.no_docs and not args.shipped_only:
         write_section(
             "agent_requests",
             "## Agent requests: each fast path against the generic path\n\n"
