@@ -4,6 +4,9 @@ Django's `RedisCacheClient.get_client` builds a new `redis.Redis` around the poo
 call; building one (its response-callback table) costs more CPU than the round trip it wraps
 (about 0.15 ms, several times per request). A `redis.Redis` is safe to share: each command
 borrows a connection from the pool, so the client per pool is built once and kept.
+
+Fast path, justified by `bench.agent_requests` (docs/benchmarks.md, "Agent requests"), which
+times the agents' requests with Django's own `RedisCache` in its place.
 """
 
 from __future__ import annotations

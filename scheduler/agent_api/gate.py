@@ -8,7 +8,10 @@ Here one Lua script answers all three: the node id it reads names the other two 
 
 A token the cache does not vouch for (never seen, expired, forgotten on reissue or retirement)
 is looked up in the database as before; caches other than Redis (the embedded file cache) take
-the three answers one by one.
+the three answers one by one, as `tests/embedded` checks.
+
+Fast path, justified by `bench.agent_requests` (docs/benchmarks.md, "Agent requests"), which
+times the agents' requests with the three answers asked one by one instead.
 """
 
 from __future__ import annotations
