@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("portal", "scheduler", "billing", "monitoring")
+PACKAGES = ("config", "web", "portal", "scheduler", "billing", "monitoring")
 
 FENCED = {
     "compiled read": (
