@@ -1,4 +1,9 @@
-"""What each node must run or stop, as its agent reads it."""
+"""What each node must run or stop, as its agent reads it.
+
+Fast path: the assignment read is a compiled query (`portal.db.CompiledQuery`), since every
+agent reads it whenever its assignments change; `bench.submit_throughput` (submit to running,
+agents syncing) and `bench.agent_requests` measure it.
+"""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from scheduler.core import JobRequest, Plan, PolicyConfig, ProjectQuota, Snapshot, plan
-from tests.unit.test_core_helpers import job, node, running, snapshot
+from tests.unit.core_helpers import job, node, running, snapshot
 
 NOW = 1_000_000.0
 MODELS = ["A100", "H100", "T4"]
