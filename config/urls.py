@@ -48,6 +48,11 @@ urlpatterns = [
         scheduler_views.job_logs_download,
         name="job-logs-download",
     ),
+    path(
+        "jobs/<int:job_id>/manifest/",
+        scheduler_views.job_manifest_download,
+        name="job-manifest-download",
+    ),
     path("billing/", include("billing.urls")),
     path("monitoring/", include("monitoring.urls")),
     path("ops/nodes/", ops_views.node_list, name="ops-nodes"),

@@ -51,12 +51,15 @@ class JobSpec:
     gpu_milli: int = 1000
     gpu_memory_mib: int = 0
     gpu_model: GpuModel | None = None
+    # Any of these catalog models (names), when no single gpu_model is named.
+    gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gb: int = 0
     precisions: tuple[str, ...] = ()
     nodes: int | None = None
     gpus_per_node: int | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
+    shm_mib: int = 0
     priority: int = PriorityClass.NORMAL
     preemptible: bool = False
     runtime_estimate_s: int | None = None
@@ -70,6 +73,7 @@ class JobSpec:
     elastic_max: int | None = None
     shard_count: int = 1
     source: str = Job.Source.API
+    manifest_ignored: tuple[dict[str, str], ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -164,6 +168,28 @@ def spec_validate(spec: JobSpec) -> JobSpec:
     for label, path in (("checkpoint_dir", spec.checkpoint_dir), ("working_dir", spec.working_dir)):
         if path and (not path.startswith("/") or len(path) > 500 or "\x00" in path):
             raise bad(label, f"{label} must be an absolute path of at most 500 characters.")
+    if spec.shm_mib and not 0 < spec.shm_mib <= 1024 * 1024:
+        raise bad("shm_mib", "Shared memory is at most 1 TiB.")
+    if spec.gpu_models:
+        if spec.gpu_model is not None:
+            raise bad("gpu_models", "Name one GPU model or a list of models, not both.")
+        active = {
+            m.name: m
+            for m in GpuModel.objects.filter(is_active=True, name__in=list(spec.gpu_models))
+        }
+        unknown_models = [name for name in spec.gpu_models if name not in active]
+        if unknown_models:
+            raise bad("gpu_models", f"Unknown GPU model {', '.join(unknown_models)}.")
+        fitting = [
+            m
+            for m in active.values()
+            if m.memory_gb >= spec.min_gpu_memory_gb and set(spec.precisions) <= set(m.precisions)
+        ]
+        if not fitting:
+            raise bad(
+                "gpu_models",
+                "None of " + ", ".join(spec.gpu_models) + " meets the memory and precision asked.",
+            )
     model = spec.gpu_model
     if model is not None:
         if spec.min_gpu_memory_gb > model.memory_gb:
@@ -176,7 +202,9 @@ def spec_validate(spec: JobSpec) -> JobSpec:
             raise bad("precisions", f"{model.name} does not support {', '.join(missing)}.")
         if spec.gpu_memory_mib > model.memory_mib:
             raise bad("gpu_memory_mib", f"{model.name} has only {model.memory_mib} MiB.")
-    elif not gpu_models_meeting(min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions):
+    elif not spec.gpu_models and not gpu_models_meeting(
+        min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions
+    ):
         raise bad(
             "precisions",
             "No GPU model in the catalog meets these constraints; relax memory or precision.",
@@ -266,6 +294,24 @@ def admission_verdict(
                         f"project may hold {limit}.",
                     )
                 borrowed = True
+    if spec.gpu_models:
+        if model_limits is None:
+            model_limits = {lim.gpu_model_id: lim.max_gpus for lim in quota.model_limits.all()}
+        ids = dict(GpuModel.objects.filter(name__in=spec.gpu_models).values_list("name", "pk"))
+        limits = [model_limits.get(ids.get(name, -1)) for name in spec.gpu_models]
+        # The job may land on any of them: it is held back only if every one of them is limited
+        # below its demand.
+        if limits and all(lim is not None for lim in limits):
+            most = max(lim for lim in limits if lim is not None)
+            notes.append(f"{' or '.join(spec.gpu_models)}: at most {most} GPUs for the project")
+            if spec.gpu_fraction > most:
+                if not quota.allow_borrowing:
+                    return Verdict(
+                        False,
+                        reason=f"The job needs {spec.gpu_fraction} GPUs of "
+                        f"{' or '.join(spec.gpu_models)}; the project may hold {most}.",
+                    )
+                borrowed = True
     if quota.gpu_hours_per_month is not None:
         used = project_gpu_hours(project, since=month_start(now), now=now)
         notes.append(f"GPU-hours this month: {used} of {quota.gpu_hours_per_month}")
@@ -351,12 +397,14 @@ def job_from_spec(
         gpu_milli=spec.gpu_milli,
         gpu_memory_mib=spec.gpu_memory_mib,
         gpu_model=spec.gpu_model,
+        gpu_models=list(spec.gpu_models),
         min_gpu_memory_gb=spec.min_gpu_memory_gb,
         precisions=list(spec.precisions),
         nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
         cpu_milli=spec.cpu_milli,
         memory_mib=spec.memory_mib,
+        shm_mib=spec.shm_mib,
         priority=spec.priority,
         preemptible=spec.preemptible,
         runtime_estimate_s=spec.runtime_estimate_s,
@@ -366,6 +414,7 @@ def job_from_spec(
         elastic_max=spec.elastic_max,
         shard_index=shard,
         shard_count=spec.shard_count if shard is not None else None,
+        manifest_ignored=list(spec.manifest_ignored),
     )
     if user is not None:
         job.submitted_by = user

@@ -104,16 +104,24 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
             pending_message=job.pending_message,
             queue_position=job.queue_position,
             estimated_start_at=job.estimated_start_at,
+            gpu_models_json="",
         ),
         frozenset(job.precisions),
         preempted_by,
+        frozenset(job.gpu_models),
     )
 
 
 def job_request_from_row(
-    row: reads.QueuedJobRow, precisions: frozenset[str], preempted_by: frozenset[int]
+    row: reads.QueuedJobRow,
+    precisions: frozenset[str],
+    preempted_by: frozenset[int],
+    any_of: frozenset[str] = frozenset(),
 ) -> JobRequest:
-    """A JobRequest from a queued job's row (`precisions` decoded by the caller)."""
+    """A JobRequest from a queued job's row (`precisions` decoded by the caller).
+
+    `any_of`: the job's allowed models (`Job.gpu_models`, decoded by the caller) when it
+    names no single model."""
     return JobRequest(
         job_id=row.pk,
         project=row.project_slug,
@@ -123,7 +131,7 @@ def job_request_from_row(
         gpu_memory_mib=row.gpu_memory_mib,
         nodes=row.nodes,
         gpus_per_node=row.gpus_per_node,
-        models=frozenset({row.gpu_model}) if row.gpu_model else frozenset(),
+        models=frozenset({row.gpu_model}) if row.gpu_model else any_of,
         min_gpu_memory_mib=row.min_gpu_memory_gb * 1000 * 1000 * 1000 // (1024 * 1024),
         precisions=precisions,
         cpu_milli=row.cpu_milli,
@@ -264,10 +272,16 @@ def build_state(
         text = r.precisions_json
         if text not in decoded:
             decoded[text] = frozenset(json.loads(text))
+        models = r.gpu_models_json
+        if models not in decoded:
+            decoded[models] = frozenset(json.loads(models))
         pk = r.pk
         queue.append(
             job_request_from_row(
-                r, decoded[text], frozenset(preempted_by[pk]) if pk in preempted_by else none
+                r,
+                decoded[text],
+                frozenset(preempted_by[pk]) if pk in preempted_by else none,
+                decoded[models],
             )
         )
         project_ids.add(r.project_id)

@@ -173,6 +173,7 @@ class QueuedJobRow(NamedTuple):
     pending_message: str
     queue_position: int | None
     estimated_start_at: datetime | None
+    gpu_models_json: str  # as text, like precisions: the any-of model set of a manifest job
 
 
 QUEUED_JOBS = CompiledQuery(
@@ -205,6 +206,7 @@ QUEUED_JOBS = CompiledQuery(
             "pending_message",
             "queue_position",
             "estimated_start_at",
+            Cast("gpu_models", output_field=TextField()),
         )
     ),
     row=QueuedJobRow,

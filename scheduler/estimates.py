@@ -60,6 +60,8 @@ def _candidate_models(spec: JobSpec) -> list[GpuModel]:
     the fleet has healthy GPUs of (the whole catalog's when the fleet has none of them)."""
     if spec.gpu_model is not None:
         return [spec.gpu_model]
+    if spec.gpu_models:
+        return list(GpuModel.objects.filter(is_active=True, name__in=list(spec.gpu_models)))
     meeting = gpu_models_meeting(min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions)
     in_fleet = {m.pk for m in gpu_model_list() if m.fleet_gpus}  # type: ignore[attr-defined]
     return [m for m in meeting if m.pk in in_fleet] or meeting
@@ -129,6 +131,7 @@ def _spec_of(job: Job) -> JobSpec:
         gpus=job.gpus,
         gpu_milli=job.gpu_milli,
         gpu_model=job.gpu_model,
+        gpu_models=tuple(job.gpu_models),
         min_gpu_memory_gb=job.min_gpu_memory_gb,
         precisions=tuple(job.precisions),
         nodes=job.nodes,

@@ -268,12 +268,21 @@ class Job(models.Model):
     gpu_model = models.ForeignKey(
         GpuModel, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )
+    gpu_models = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Catalog model names the job may land on, any of them (with no gpu_model); "
+        "empty: any model meeting the other constraints.",
+    )
     min_gpu_memory_gb = models.PositiveIntegerField(default=0)
     precisions = models.JSONField(default=list, blank=True)
     nodes = models.PositiveIntegerField(null=True, blank=True, help_text="Gang: exact node count.")
     gpus_per_node = models.PositiveIntegerField(null=True, blank=True)
     cpu_milli = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveIntegerField(default=0)
+    shm_mib = models.PositiveIntegerField(
+        default=0, help_text="Shared memory at /dev/shm in MiB (0: the runtime's default)."
+    )
     pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT)
 
     # How to treat it
@@ -318,6 +327,13 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    manifest_ignored = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Fields of the submitted Kubernetes manifest that were ignored: "
+        '[{"field": ..., "why": ...}].',
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -17,6 +17,7 @@ from scheduler import selectors
 from scheduler.admission import job_cancel, job_submit
 from scheduler.estimates import job_dry_run, model_availability
 from scheduler.forms import JobForm
+from scheduler.manifests import job_manifest_yaml
 from scheduler.models import PRECISIONS, JobState, LogChunk
 from scheduler.selectors import CatalogFilter, gpu_model_list
 
@@ -158,6 +159,15 @@ def job_logs_download(request: HttpRequest, job_id: int) -> StreamingHttpRespons
         (text for text in chunks.iterator()), content_type="text/plain; charset=utf-8"
     )
     response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.log"'
+    return response
+
+
+@login_required
+def job_manifest_download(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The job as a Kubernetes batch/v1 Job manifest (docs/manifests.md)."""
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    response = HttpResponse(job_manifest_yaml(job), content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.yaml"'
     return response
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -12,7 +13,7 @@ from drf_spectacular.utils import (
     extend_schema_field,
     extend_schema_view,
 )
-from rest_framework import mixins, parsers, serializers, status, viewsets
+from rest_framework import mixins, parsers, renderers, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -30,7 +31,7 @@ from portal.selectors import project_get_visible
 from scheduler import selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
 from scheduler.estimates import job_dry_run, job_hourly_cost
-from scheduler.manifest import parse_manifest
+from scheduler.manifests import ManifestRefused, job_manifest, parse_manifest
 from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, PriorityClass
 
 PRIORITIES = [p.lower() for p in PriorityClass.names]
@@ -140,12 +141,14 @@ class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type:
             "gpu_milli",
             "gpu_memory_mib",
             "gpu_model",
+            "gpu_models",
             "min_gpu_memory_gb",
             "precisions",
             "nodes",
             "gpus_per_node",
             "cpu_milli",
             "memory_mib",
+            "shm_mib",
             "priority",
             "preemptible",
             "borrowed",
@@ -167,6 +170,7 @@ class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type:
             "queued_at",
             "started_at",
             "finished_at",
+            "manifest_ignored",
         ]
 
     def get_priority(self, obj: Job) -> str:
@@ -182,6 +186,29 @@ class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type:
             "queue_position": obj.queue_position,
             "estimated_start": obj.estimated_start_at,
         }
+
+
+class ManifestFindingSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    field = serializers.CharField(help_text="The manifest's field, as a path.")
+    why = serializers.CharField()
+
+
+class ManifestJobSerializer(JobSerializer):
+    ignored = ManifestFindingSerializer(
+        source="manifest_ignored",
+        many=True,
+        read_only=True,
+        help_text="The manifest's fields that were accepted but change nothing, and why.",
+    )
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "ignored"]
+
+
+class ManifestRefusedSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    refused = ManifestFindingSerializer(many=True, help_text="Every field refused, and why.")
 
 
 class PlacementSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -280,6 +307,24 @@ class PlainTextParser(YamlParser):
     media_type = "text/plain"
 
 
+class YamlRenderer(renderers.BaseRenderer):
+    """A Job manifest (or an error) as YAML."""
+
+    media_type = "application/yaml"
+    format = "yaml"
+    charset = "utf-8"
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Any = None,
+    ) -> bytes:
+        if isinstance(data, str):
+            return data.encode()
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode()
+
+
 @extend_schema_view(
     list=extend_schema(
         parameters=[
@@ -356,7 +401,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         parameters=[
             OpenApiParameter("project", OpenApiTypes.STR, description="Else metadata.namespace.")
         ],
-        responses={201: JobSerializer},
+        responses={
+            201: ManifestJobSerializer,
+            400: ManifestRefusedSerializer,
+            413: ManifestRefusedSerializer,
+        },
+        description="Submit a Kubernetes batch/v1 Job manifest. Each field is honoured, ignored "
+        "(listed in `ignored`) or refused (a 400 listing every refused field in `refused`); "
+        "see docs/manifests.md.",
     )
     @action(
         detail=False,
@@ -375,8 +427,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 },
                 status=status.HTTP_400_BAD_REQUEST,
             )
-        spec, namespace = parse_manifest(raw)
-        slug = request.query_params.get("project") or namespace
+        try:
+            imported = parse_manifest(raw)
+        except ManifestRefused as exc:
+            return Response(
+                {
+                    "detail": exc.message,
+                    "code": exc.code,
+                    "refused": exc.refused,
+                    "manifest": [f"{f['field']}: {f['why']}" for f in exc.refused],
+                },
+                status=exc.status,
+            )
+        slug = request.query_params.get("project") or imported.namespace
         if not slug:
             return Response(
                 {"project": ["Name the project with ?project=<slug> or metadata.namespace."]},
@@ -385,10 +448,33 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         jobs = job_submit(
             actor=self._user,
             project=self._project(slug),
-            spec=spec,
+            spec=imported.spec,
             remote_addr=request.META.get("REMOTE_ADDR"),
         )
-        return self._submitted(jobs)
+        serializer = ManifestJobSerializer
+        body = serializer(jobs, many=True).data if len(jobs) > 1 else serializer(jobs[0]).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        responses={
+            (200, "application/yaml"): OpenApiTypes.STR,
+            (200, "application/json"): OpenApiTypes.OBJECT,
+        },
+        description="The job as a Kubernetes batch/v1 Job manifest: what it asks for, in the "
+        "fields the import honours (an array job: its whole array).",
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path="manifest",
+        url_name="manifest-export",
+        renderer_classes=[YamlRenderer, renderers.JSONRenderer],
+    )
+    def manifest_export(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        response = Response(job_manifest(job))
+        response["Content-Disposition"] = f'inline; filename="job-{job.pk}.yaml"'
+        return response
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

@@ -151,6 +151,7 @@ RULES: dict[str, Rule] = {
     "job-cancel": Rule({"post": MEMBER_WRITE_PAGE}),
     "job-logs": Rule({"get": PROJECT_PAGE}),
     "job-logs-download": Rule({"get": PROJECT_PAGE}),
+    "job-manifest-download": Rule({"get": PROJECT_PAGE}),
     "billing:usage": Rule({"get": PROJECT_PAGE}),
     "billing:budget-update": Rule(
         {"post": OWNER_WRITE_PAGE},
@@ -218,6 +219,7 @@ RULES: dict[str, Rule] = {
     "api-job-cancel": Rule({"post": api(403, 200, 200, 404, 403)}, params={"pk": "job"}),
     "api-job-events": Rule({"get": PROJECT_API}, params={"pk": "job"}),
     "api-job-logs": Rule({"get": PROJECT_API}, params={"pk": "job"}),
+    "api-job-manifest-export": Rule({"get": PROJECT_API}, params={"pk": "job"}),
     "api-billing-prices": Rule({"get": EVERYONE_API}),
     "api-billing-usage": Rule({"get": PROJECT_API}),
     "api-billing-budget": Rule(

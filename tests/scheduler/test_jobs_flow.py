@@ -309,7 +309,7 @@ spec:
     ],
 )
 def test_bad_manifests_are_400_with_the_path(lab, api, patch, field):
-    base = 'apiVersion: batch/v1\nkind: Job\nmetadata: {name: x, namespace: alpha}\nspec:\n  template:\n    spec:\n      containers:\n      - command: ["true"]\n        resources:\n          limits:\n            nvidia.com/gpu: 1\n'
+    base = 'apiVersion: batch/v1\nkind: Job\nmetadata: {name: x, namespace: alpha}\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        command: ["true"]\n        resources:\n          limits:\n            nvidia.com/gpu: 1\n'
     if patch.startswith("kind"):
         text = base.replace("kind: Job", patch)
     elif patch == "{{{":

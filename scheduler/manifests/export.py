@@ -1,0 +1,123 @@
+"""Any job as a Kubernetes batch/v1 Job manifest: what it asks for, in the fields the import
+honours, so that importing it again asks for the same thing and a cluster can run it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from scheduler.manifests.fields import (
+    GPU,
+    GPU_PRODUCT,
+    cpu_quantity,
+    mib_quantity,
+    product_label,
+)
+from scheduler.manifests.parse import ANNOTATION, SHELL, SHM_PATH
+from scheduler.models import GpuModel, Job, PriorityClass
+
+
+def _k8s_name(name: str) -> str:
+    """A DNS-1123 name from a job's name: lower case, dashes, at most 63 characters."""
+    text = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].strip("-")
+    return text or "job"
+
+
+def job_manifest(job: Job) -> dict[str, Any]:
+    """The batch/v1 Job a job (an array's first shard: the whole array) amounts to."""
+    container: dict[str, Any] = {"name": "main", "command": [*SHELL, job.command]}
+    if job.image:
+        container["image"] = job.image
+    if job.working_dir:
+        container["workingDir"] = job.working_dir
+    if job.env:
+        container["env"] = [{"name": k, "value": v} for k, v in sorted(job.env.items())]
+    limits: dict[str, Any] = {GPU: job.gpus_per_node if job.nodes else job.gpus}
+    if job.cpu_milli:
+        limits["cpu"] = cpu_quantity(job.cpu_milli)
+    if job.memory_mib:
+        limits["memory"] = mib_quantity(job.memory_mib)
+    container["resources"] = {"limits": limits}
+    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    models = (
+        [job.gpu_model]
+        if job.gpu_model is not None
+        else list(GpuModel.objects.filter(name__in=job.gpu_models))
+        if job.gpu_models
+        else []
+    )
+    if models:
+        pod["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": GPU_PRODUCT,
+                                    "operator": "In",
+                                    "values": sorted(product_label(m) for m in models),
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    if job.shm_mib:
+        container["volumeMounts"] = [{"name": "dshm", "mountPath": SHM_PATH}]
+        pod["volumes"] = [
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": mib_quantity(job.shm_mib)},
+            }
+        ]
+    annotations = {
+        f"{ANNOTATION}priority": PriorityClass(job.priority).name.lower(),
+        f"{ANNOTATION}preemptible": "true" if job.preemptible else "false",
+    }
+    if job.runtime_estimate_s:
+        annotations[f"{ANNOTATION}runtime-estimate-seconds"] = str(job.runtime_estimate_s)
+    if job.checkpoint_dir:
+        annotations[f"{ANNOTATION}checkpoint-dir"] = job.checkpoint_dir
+    if job.precisions:
+        annotations[f"{ANNOTATION}precisions"] = ",".join(job.precisions)
+    for key, value in (
+        ("gpu-milli", job.gpu_milli if job.gpu_milli != 1000 else None),
+        ("gpu-memory-mib", job.gpu_memory_mib or None),
+        ("nodes", job.nodes),
+        ("min-gpu-memory-gb", job.min_gpu_memory_gb or None),
+        ("elastic-min", job.elastic_min),
+        ("elastic-max", job.elastic_max),
+    ):
+        if value is not None:
+            annotations[f"{ANNOTATION}{key}"] = str(value)
+    spec: dict[str, Any] = {"backoffLimit": job.max_restarts, "template": {"spec": pod}}
+    if job.time_limit_s:
+        spec["activeDeadlineSeconds"] = job.time_limit_s
+    if job.shard_count and job.shard_count > 1:
+        spec |= {
+            "completionMode": "Indexed",
+            "completions": job.shard_count,
+            "parallelism": job.shard_count,
+        }
+    name = re.sub(r"\[\d+\]$", "", job.name) if job.shard_index is not None else job.name
+    if _k8s_name(name) != name:
+        annotations[f"{ANNOTATION}name"] = name
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": _k8s_name(name),
+            "namespace": job.project.slug,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def job_manifest_yaml(job: Job) -> str:
+    header = f"# Job #{job.pk} {job.name!r} as a Kubernetes batch/v1 Job.\n"
+    return header + yaml.safe_dump(job_manifest(job), sort_keys=False, allow_unicode=True)
