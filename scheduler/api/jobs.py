@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -17,6 +18,7 @@ from rest_framework import mixins, parsers, renderers, serializers, status, view
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils import encoders
 
 from portal.api.schema import (
     NUL_FREE,
@@ -322,7 +324,8 @@ class YamlRenderer(renderers.BaseRenderer):
     ) -> bytes:
         if isinstance(data, str):
             return data.encode()
-        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode()
+        plain = json.loads(json.dumps(data, cls=encoders.JSONEncoder))  # error details are str
+        return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True).encode()
 
 
 @extend_schema_view(

@@ -648,7 +648,12 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
         allowed = set.intersection(*(s for _, s in r.model_sets))
         if not allowed:
             fields = " and ".join(f for f, _ in r.model_sets)
-            r.refuse(r.model_sets[-1][0], f"no catalog GPU model satisfies {fields} together.")
+            for field, models in r.model_sets:
+                r.refuse(
+                    field,
+                    f"means {' or '.join(sorted(models))}; no catalog GPU model satisfies "
+                    f"{fields} together.",
+                )
         else:
             ordered = [m for m in catalog if m.name in allowed]
             if len(ordered) == 1:
