@@ -208,9 +208,12 @@ class ManifestJobSerializer(JobSerializer):
 
 
 class ManifestRefusedSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    detail = serializers.CharField()
-    code = serializers.CharField()
-    refused = ManifestFindingSerializer(many=True, help_text="Every field refused, and why.")
+    detail = serializers.CharField(required=False)
+    code = serializers.CharField(required=False)
+    refused = ManifestFindingSerializer(
+        many=True, required=False, help_text="Every field refused, and why."
+    )
+    manifest = serializers.ListField(child=serializers.CharField(), required=False)
 
 
 class PlacementSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -460,18 +463,22 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(
         responses={
-            (200, "application/yaml"): OpenApiTypes.STR,
+            (200, "application/yaml"): OpenApiTypes.OBJECT,
             (200, "application/json"): OpenApiTypes.OBJECT,
+            (404, "application/json"): OpenApiTypes.OBJECT,
+            (404, "application/yaml"): OpenApiTypes.OBJECT,
+            (404, "text/html"): OpenApiTypes.STR,  # a path no route matches
         },
         description="The job as a Kubernetes batch/v1 Job manifest: what it asks for, in the "
-        "fields the import honours (an array job: its whole array).",
+        "fields the import honours (an array job: its whole array). YAML with "
+        "`Accept: application/yaml` (or `?format=yaml`), else JSON.",
     )
     @action(
         detail=True,
         methods=["get"],
         url_path="manifest",
         url_name="manifest-export",
-        renderer_classes=[YamlRenderer, renderers.JSONRenderer],
+        renderer_classes=[renderers.JSONRenderer, YamlRenderer],
     )
     def manifest_export(self, request: Request, pk: str) -> Response:
         job = self.get_object()

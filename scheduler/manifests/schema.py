@@ -55,8 +55,9 @@ class _PlainLoader(yaml.SafeLoader):
 
 def load_yaml(text: str) -> Any:
     """One YAML document, without aliases or anchors; ManifestYamlError says what is wrong."""
-    loader = _PlainLoader(text)
+    loader = None
     try:
+        loader = _PlainLoader(text)  # the reader checks the characters here already
         return loader.get_single_data()
     except ManifestYamlError:
         raise
@@ -66,7 +67,8 @@ def load_yaml(text: str) -> Any:
     except (RecursionError, ValueError, TypeError, OverflowError) as exc:
         raise ManifestYamlError(f"cannot be read as YAML ({type(exc).__name__}).") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 @functools.cache

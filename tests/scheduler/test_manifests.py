@@ -505,3 +505,9 @@ def test_gpu_names_map_to_catalog_models(fleet):
     assert names("Tesla-T4") == ["T4"]
     assert names("A10") == ["A10"]
     assert names("B300") == []
+
+
+def test_control_characters_are_a_400_not_a_500(lab, api):
+    resp = post(api, lab["member"], b"\x00apiVersion: batch/v1\n")
+    assert resp.status_code == 400
+    assert "not valid YAML" in resp.json()["refused"][0]["why"]
