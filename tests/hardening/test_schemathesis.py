@@ -32,8 +32,8 @@ SEMANTIC_400 = {
     ("POST", "/api/v1/jobs/dry-run/"): "the same rules as submitting",
     ("POST", "/api/v1/jobs/manifest/"): "a Kubernetes Job: the server reads the fields it knows",
 }
-# A manifest is a Kubernetes object whose unknown fields are ignored, as kubectl's are: a
-# "schema-violating" manifest (extra fields) is accepted. Its fuzzing is in test_fuzz_inputs.
+# A manifest's body is documented as a string: the OpenAPI schema cannot say which YAML texts are
+# Jobs (the server checks them against the Kubernetes schema). Its fuzzing is in test_fuzz_inputs.
 LENIENT = {("POST", "/api/v1/jobs/manifest/")}
 
 
