@@ -93,6 +93,8 @@ def models_named(value: str, catalog: Iterable[GpuModel]) -> list[GpuModel]:
 
 
 def product_label(model: GpuModel) -> str:
-    """What GPU Feature Discovery labels a node of this model with (`nvidia.com/gpu.product`)."""
-    name = model.nvml_names[0] if model.nvml_names else model.display_name
-    return re.sub(r"\s+", "-", name.strip())
+    """What GPU Feature Discovery labels a node of this model with (`nvidia.com/gpu.product`),
+    or the catalog name for a model whose NVML names the catalog does not know."""
+    if not model.nvml_names:
+        return model.name
+    return re.sub(r"\s+", "-", model.nvml_names[0].strip())
