@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0006_quotas_from_portal'),
+        ('scheduler', '0007_pool_scorer_and_policy_choices'),
     ]
 
     operations = [
