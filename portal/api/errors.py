@@ -1,4 +1,15 @@
-"""API error shape: every 4xx says what to fix; domain errors never become 500s."""
+"""API error shape: every 4xx says what to fix; domain errors never become 500s.
+
+Every error body of the API has one shape:
+
+    {"code": "invalid", "message": "gpu_model: Unknown GPU model 'H999'.",
+     "fields": {"gpu_model": ["Unknown GPU model 'H999'."]}, "detail": "..."}
+
+`code` is stable for programs, `message` is one sentence for people, `fields` maps each input at
+fault to its messages (empty when no field is at fault). `detail` (= `message`) and each field's
+name at the top level are what this API answered before the envelope existed; they stay so that
+existing clients keep working, unless a field's name is one of the envelope's own keys.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +23,79 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.errors import DomainError
 
+ENVELOPE_KEYS = frozenset({"code", "message", "fields", "detail"})
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one error shape (see the module's docstring)."""
+    fields = fields or {}
+    body: dict[str, Any] = {
+        name: messages for name, messages in fields.items() if name not in ENVELOPE_KEYS
+    }
+    body.update(code=code, message=message, detail=message, fields=fields)
+    return body
+
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
-        body: dict[str, Any] = {"detail": exc.message, "code": exc.code}
-        if exc.field:
-            body = {exc.field: [exc.message], "detail": exc.message, "code": exc.code}
-        return Response(body, status=exc.status)
+        fields = {exc.field: [exc.message]} if exc.field else {}
+        return Response(error_body(exc.code, exc.message, fields), status=exc.status)
     if isinstance(exc, DjangoValidationError):
-        detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
-        return Response(detail, status=status.HTTP_400_BAD_REQUEST)
+        if hasattr(exc, "error_dict"):
+            exc = exceptions.ValidationError(exc.message_dict)
+        else:
+            exc = exceptions.ValidationError({"non_field_errors": exc.messages})
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("Not found.")
-    return drf_exception_handler(exc, context)
+    response = drf_exception_handler(exc, context)
+    if response is None or not isinstance(exc, exceptions.APIException):
+        return response
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _fields(exc.detail)
+        response.data = error_body("invalid", _summary(fields), fields)
+    else:
+        code = exc.get_codes()
+        response.data = error_body(
+            code if isinstance(code, str) else exc.default_code, str(exc.detail)
+        )
+    return response
+
+
+def _fields(detail: Any) -> dict[str, Any]:
+    if isinstance(detail, dict):
+        return {str(name): _plain(messages) for name, messages in detail.items()}
+    return {"non_field_errors": _plain(detail if isinstance(detail, list) else [detail])}
+
+
+def _plain(value: Any) -> Any:
+    """ErrorDetail strings, lists and dicts as plain JSON values."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _first_message(value: Any) -> str:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            text = _first_message(inner)
+            if text:
+                return f"{key}: {text}" if not str(key).isdigit() else text
+        return ""
+    if isinstance(value, list):
+        return next((t for t in (_first_message(v) for v in value) if t), "")
+    return str(value)
+
+
+def _summary(fields: dict[str, Any]) -> str:
+    """One sentence: the first field's first message, and how many other fields are at fault."""
+    if not fields:
+        return "The request is invalid."
+    name, messages = next(iter(fields.items()))
+    text = _first_message(messages) or "Invalid."
+    first = text if name == "non_field_errors" else f"{name}: {text}"
+    others = len(fields) - 1
+    if others:
+        first += f" (and {others} more field{'s' if others > 1 else ''})"
+    return first

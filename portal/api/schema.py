@@ -23,11 +23,16 @@ from rest_framework.exceptions import ParseError
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "description": "What to fix: `detail` says it in words; a field's name maps to its messages.",
+    "description": "Every error has this shape: `code` for programs, `message` for people, "
+    "`fields` maps each input at fault to its messages. `detail` repeats `message`, and each "
+    "field's name also appears at the top level (the shape before `fields` existed).",
     "properties": {
-        "detail": {"type": "string"},
         "code": {"type": "string"},
+        "message": {"type": "string"},
+        "fields": {"type": "object", "additionalProperties": True},
+        "detail": {"type": "string"},
     },
+    "required": ["code", "message", "fields"],
     "additionalProperties": True,
 }
 ERRORS = {

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -25,6 +26,7 @@ from portal.models import ApiToken, Membership, Project, Role
 
 class MembershipViewSet(
     mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
     mixins.UpdateModelMixin,
     mixins.DestroyModelMixin,
@@ -58,7 +60,12 @@ class MembershipViewSet(
             email=body.validated_data["email"],
             role=body.validated_data.get("role", Role.MEMBER),
         )
-        return Response(MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+        location = reverse("api-project-member-detail", args=[project_slug, membership.pk])
+        return Response(
+            MembershipSerializer(membership).data,
+            status=status.HTTP_201_CREATED,
+            headers={"Location": location},
+        )
 
     @extend_schema(request=MembershipUpdateSerializer, responses=MembershipSerializer)
     def partial_update(self, request: Request, project_slug: str, pk: str) -> Response:
@@ -91,6 +98,7 @@ class MembershipViewSet(
 
 class ApiTokenViewSet(
     mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,  # type: ignore[type-arg]
 ):
@@ -112,7 +120,8 @@ class ApiTokenViewSet(
         issued = services.token_create(user=request.user, name=body.validated_data["name"])  # type: ignore[arg-type]
         data = dict(ApiTokenSerializer(issued.token).data)
         data["token"] = issued.secret
-        return Response(data, status=status.HTTP_201_CREATED)
+        location = reverse("api-token-detail", args=[issued.token.pk])
+        return Response(data, status=status.HTTP_201_CREATED, headers={"Location": location})
 
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, pk: str) -> Response:

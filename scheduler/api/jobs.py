@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from django.db.models import QuerySet
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -45,12 +46,17 @@ class CatalogModelField(serializers.SlugRelatedField):  # type: ignore[type-arg]
     """An active GPU model by name (one compiled query); a name PostgreSQL cannot even
     compare (NUL) is simply unknown."""
 
+    default_error_messages = {
+        "does_not_exist": "Unknown GPU model '{value}'. GET /api/v1/gpu-models lists them.",
+        "invalid": "A GPU model's name, as a string.",
+    }
+
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, str):
             self.fail("invalid")
         model = None if "\x00" in data else selectors.gpu_model_active(data)
         if model is None:
-            self.fail("does_not_exist", slug_name=self.slug_field, value=data)
+            self.fail("does_not_exist", value=data.replace("\x00", ""))
         return model
 
 
@@ -378,7 +384,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def _submitted(self, jobs: list[Job]) -> Response:
         body = JobSerializer(jobs, many=True).data if len(jobs) > 1 else JobSerializer(jobs[0]).data
-        return Response(body, status=status.HTTP_201_CREATED)
+        # An array job answers all its shards; Location names the first.
+        location = reverse("api-job-detail", args=[jobs[0].pk])
+        return Response(body, status=status.HTTP_201_CREATED, headers={"Location": location})
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request: Request) -> Response:

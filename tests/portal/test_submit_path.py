@@ -167,4 +167,10 @@ def test_a_retired_or_unknown_model_is_a_400_naming_the_field(team, fleet, api):
     for model in ["H100-80GB-SXM", "no-such-gpu", 42]:
         resp = client.post("/api/v1/jobs", dict(body, gpu_model=model), format="json")
         assert resp.status_code == 400, model
-        assert set(resp.json()) == {"gpu_model"}
+        error = resp.json()
+        assert set(error["fields"]) == {"gpu_model"} and error["code"] == "invalid"
+        if isinstance(model, str):
+            assert error["fields"]["gpu_model"] == [
+                f"Unknown GPU model '{model}'. GET /api/v1/gpu-models lists them."
+            ]
+            assert error["message"] == f"gpu_model: {error['fields']['gpu_model'][0]}"
