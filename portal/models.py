@@ -153,3 +153,36 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor_label} {self.action}"
+
+
+class IdempotencyKey(models.Model):
+    """The first answer to a POST that carried an `Idempotency-Key` header (portal/api/idempotency).
+
+    Stored in the same transaction as what the request wrote, so an answer is never kept without
+    its effect nor an effect without its answer; the unique key is also the lock that makes a
+    concurrent retry wait for the first request and then get its answer. The key is stored only
+    as a hash and the answer sealed with the key itself: an answer may hold a token's secret.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key_hash = models.CharField(max_length=64, help_text="SHA-256 of the user and the key.")
+    method = models.CharField(max_length=10)
+    path = models.TextField()
+    request_hash = models.CharField(max_length=64, help_text="SHA-256 of method, path and body.")
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_sealed = models.TextField(blank=True, help_text="The JSON body, sealed; empty: none.")
+    location = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "key_hash"],
+                name="idempotency_key_unique_per_user",
+                violation_error_message="This Idempotency-Key is already in use.",
+            )
+        ]
+        indexes = [models.Index(fields=["user", "created_at"], name="idempotency_key_user_age")]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"

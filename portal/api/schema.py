@@ -46,8 +46,31 @@ ERRORS = {
 }
 
 
+IDEMPOTENCY_KEY_PARAMETER: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "A unique string per operation (a UUID). A retry with the same key, body and "
+    "path gets the first successful answer again (header `Idempotent-Replayed: true`) and runs "
+    "nothing; the same key with another request is a 422. Keys are kept 24 hours.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+}
+
+
 class PortalAutoSchema(AutoSchema):
-    """drf-spectacular's AutoSchema plus the documented error answers of every operation."""
+    """drf-spectacular's AutoSchema plus the documented error answers of every operation, and
+    the `Idempotency-Key` header on the POSTs of views that honour it."""
+
+    def _idempotent(self) -> bool:
+        from portal.api.idempotency import IdempotentPostMixin
+
+        return self.method == "POST" and isinstance(self.view, IdempotentPostMixin)
+
+    def _get_parameters(self) -> list[dict[str, Any]]:
+        params: list[dict[str, Any]] = super()._get_parameters()
+        if self._idempotent():
+            params.append(dict(IDEMPOTENCY_KEY_PARAMETER))
+        return params
 
     def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:  # type: ignore[override]
         responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[arg-type]
@@ -57,6 +80,14 @@ class PortalAutoSchema(AutoSchema):
                 # A path that matches no route at all gets Django's HTML "Not Found" page.
                 content["text/html"] = {"schema": {"type": "string"}}
             responses.setdefault(code, {"description": description, "content": content})
+        if self._idempotent():
+            responses.setdefault(
+                "422",
+                {
+                    "description": "The Idempotency-Key was already used for another request.",
+                    "content": {"application/json": {"schema": ERROR_SCHEMA}},
+                },
+            )
         return responses
 
 

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal import selectors, services
+from portal.api.idempotency import IdempotentPostMixin
 from portal.api.schema import PortalAutoSchema, StrictLimitOffsetPagination
 from portal.api.serializers import (
     ApiTokenCreateSerializer,
@@ -25,6 +26,7 @@ from portal.models import ApiToken, Membership, Project, Role
 
 
 class MembershipViewSet(
+    IdempotentPostMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
@@ -97,6 +99,7 @@ class MembershipViewSet(
 
 
 class ApiTokenViewSet(
+    IdempotentPostMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.DestroyModelMixin,

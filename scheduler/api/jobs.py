@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils import encoders
 
+from portal.api.idempotency import IdempotentPostMixin
 from portal.api.schema import (
     NUL_FREE,
     PortalAutoSchema,
@@ -350,7 +351,12 @@ class YamlRenderer(renderers.BaseRenderer):
         ]
     )
 )
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
+class JobViewSet(  # type: ignore[misc]
+    IdempotentPostMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
     schema = PortalAutoSchema()
     pagination_class = StrictLimitOffsetPagination
     parser_classes = [StrictJSONParser]  # nested fields (env, precisions): JSON only
