@@ -439,13 +439,12 @@ class JobViewSet(  # type: ignore[misc]
     def manifest(self, request: Request) -> Response:
         raw = request.data if isinstance(request.data, bytes) else b""
         if not raw:
-            return Response(
+            raise serializers.ValidationError(
                 {
                     "manifest": [
                         "Send the Job manifest as the request body (Content-Type: application/yaml)."
                     ]
-                },
-                status=status.HTTP_400_BAD_REQUEST,
+                }
             )
         try:
             imported = parse_manifest(raw)
@@ -461,9 +460,8 @@ class JobViewSet(  # type: ignore[misc]
             )
         slug = request.query_params.get("project") or imported.namespace
         if not slug:
-            return Response(
-                {"project": ["Name the project with ?project=<slug> or metadata.namespace."]},
-                status=status.HTTP_400_BAD_REQUEST,
+            raise serializers.ValidationError(
+                {"project": ["Name the project with ?project=<slug> or metadata.namespace."]}
             )
         jobs = job_submit(
             actor=self._user,
@@ -523,6 +521,8 @@ class JobViewSet(  # type: ignore[misc]
         job = self.get_object()
         after = request.query_params.get("after", "0")
         if not after.isdigit():
-            return Response({"after": ["A whole number: the last chunk id you have."]}, status=400)
+            raise serializers.ValidationError(
+                {"after": ["A whole number: the last chunk id you have."]}
+            )
         text, last = selectors.job_log_text(job, after_id=int(after))
         return Response({"text": text, "last": last, "state": job.state})

@@ -1,0 +1,3 @@
+from gpucloud_cli.main import main
+
+raise SystemExit(main())
