@@ -10,7 +10,7 @@ PORT   ?= 8000
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt cli/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
@@ -34,6 +34,7 @@ lint: venv ## ruff (lint and format check)
 
 typecheck: venv ## mypy on the typed packages (strict for scheduler.core)
 	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy config web portal scheduler billing monitoring agent
+	cd cli && $(abspath $(VENV))/bin/mypy --strict --config-file= gpucloud_cli
 
 migrations-check: venv ## Fail if a model change has no migration
 	DJANGO_SECRET_KEY=check DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -9,6 +10,9 @@ from urllib.parse import urlsplit
 import requests
 
 from gpucloud_cli import __version__
+
+RETRY_DELAYS = (0.5, 1.5)  # seconds before the 2nd and 3rd attempts
+RETRY_STATUSES = {502, 503, 504}  # a proxy or load balancer in front of a portal in trouble
 
 
 class ApiError(Exception):
@@ -65,21 +69,24 @@ class Api:
         return self._call("POST", path, params=params, json=body, headers=headers)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            resp = self.session.request(method, f"{self.url}{path}", timeout=self.timeout, **kwargs)
-        except requests.exceptions.InvalidURL as exc:
-            raise ApiError(f"Not a portal URL: {self.url} ({exc}).", exit_code=2) from exc
-        except requests.exceptions.Timeout as exc:
-            raise ApiError(
-                f"The portal at {self.url} did not answer within {self.timeout:.0f} s.",
-                exit_code=3,
-            ) from exc
-        except requests.exceptions.ConnectionError as exc:
-            raise ApiError(
-                f"Cannot reach the portal at {self.url}: {_reason(exc)}. "
-                "Check the URL (`gpucloud login --url ...`) and your network.",
-                exit_code=3,
-            ) from exc
+        """One request, retried on a lost connection or a gateway error. A retried POST carries
+        the same Idempotency-Key, so the portal runs it at most once."""
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                resp = self.session.request(
+                    method, f"{self.url}{path}", timeout=self.timeout, **kwargs
+                )
+            except requests.exceptions.InvalidURL as exc:
+                raise ApiError(f"Not a portal URL: {self.url} ({exc}).", exit_code=2) from exc
+            except (requests.exceptions.Timeout, requests.exceptions.ConnectionError) as exc:
+                if delay is not None:
+                    time.sleep(delay)
+                    continue
+                raise _unreachable(self.url, self.timeout, exc) from exc
+            if resp.status_code in RETRY_STATUSES and delay is not None:
+                time.sleep(delay)
+                continue
+            break
         if resp.status_code == 204:
             return None
         try:
@@ -89,6 +96,16 @@ class Api:
         if resp.ok and data is not None:
             return data
         raise ApiError(_error_message(resp, data), status=resp.status_code)
+
+
+def _unreachable(url: str, timeout: float, exc: Exception) -> ApiError:
+    if isinstance(exc, requests.exceptions.Timeout):
+        return ApiError(f"The portal at {url} did not answer within {timeout:g} s.", exit_code=3)
+    return ApiError(
+        f"Cannot reach the portal at {url}: {_reason(exc)}. "
+        "Check the URL (`gpucloud login --url ...`) and your network.",
+        exit_code=3,
+    )
 
 
 def _reason(exc: Exception) -> str:

@@ -507,7 +507,7 @@ class JobViewSet(  # type: ignore[misc]
         return Response(JobSerializer(job).data)
 
     @extend_schema(responses={200: JobEventSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not a page
     def events(self, request: Request, pk: str) -> Response:
         job = self.get_object()
         return Response(JobEventSerializer(job.events.all(), many=True).data)

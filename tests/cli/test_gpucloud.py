@@ -11,9 +11,12 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 from portal.services import token_create
 from scheduler.models import Job, LogChunk
@@ -237,3 +240,58 @@ def test_usage(logged_in):
     assert usage["to_date"] == "0.00"  # type: ignore[index]
     result = logged_in("usage", "--project", "beta")
     assert result.returncode == 1 and "(HTTP 404)" in result.stderr
+
+
+class _LossyGateway(BaseHTTPRequestHandler):
+    """Forwards to the portal; the first POST's answer is lost on the way back (a 502)."""
+
+    portal = ""
+    lost = 0
+    keys: list[str] = []
+
+    def do_GET(self) -> None:
+        self._forward()
+
+    def do_POST(self) -> None:
+        self._forward()
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host",)}
+        if self.command == "POST":
+            type(self).keys.append(self.headers.get("Idempotency-Key", ""))
+        answer = requests.request(
+            self.command, self.portal + self.path, data=body, headers=headers, timeout=60
+        )
+        if self.command == "POST" and type(self).lost == 0:
+            type(self).lost += 1
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(answer.status_code)
+        self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_lost_answer_is_retried_with_the_same_key_and_runs_once(cli, live_server, team, fleet):
+    """The portal ran the submit, but the gateway lost its answer: the CLI's retry carries the
+    same Idempotency-Key, so it gets the first answer and no second job exists."""
+    _LossyGateway.portal, _LossyGateway.lost, _LossyGateway.keys = live_server.url, 0, []
+    gateway = ThreadingHTTPServer(("127.0.0.1", 0), _LossyGateway)
+    threading.Thread(target=gateway.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{gateway.server_address[1]}"
+        secret = token_create(user=team["member"], name="cli").secret
+        cli.ok("login", "--url", url, "--token", secret)
+        job = cli.json("submit", "--project", "alpha", "--name", "once", "--command", "true")
+    finally:
+        gateway.shutdown()
+    assert _LossyGateway.lost == 1
+    assert len(_LossyGateway.keys) == 2 and len(set(_LossyGateway.keys)) == 1
+    assert [j.pk for j in Job.objects.all()] == [job["id"]]  # type: ignore[index]
