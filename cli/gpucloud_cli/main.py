@@ -71,6 +71,11 @@ JOB_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
         "runtime_estimate_s",
         {"type": _duration, "help": "expected run time: seconds, or 90m, 2h"},
     ),
+    (
+        "--time-limit",
+        "time_limit_s",
+        {"type": _duration, "help": "stop the job after this long: seconds, or 90m, 2h, 3d"},
+    ),
     ("--checkpoint-dir", "checkpoint_dir", {}),
     ("--working-dir", "working_dir", {}),
     ("--env", "env", {"action": "append", "type": _env_pair, "metavar": "NAME=VALUE"}),

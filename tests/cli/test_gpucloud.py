@@ -124,12 +124,13 @@ def test_clear_messages_without_login_or_portal(cli, live_server):
 def test_submit_ls_status_cancel(logged_in, team):
     out = logged_in.ok(
         "submit", "--project", "alpha", "--name", "train", "--gpus", "2",
-        "--gpu-model", "H100-80GB-SXM", "--env", "LR=3e-4", "--runtime-estimate", "2h",
+        "--gpu-model", "H100-80GB-SXM", "--env", "LR=3e-4", "--runtime-estimate", "2h", "--time-limit", "1d",
         "--", "python", "train.py", "--epochs", "3",
     )  # fmt: skip
     job = Job.objects.get()
     assert job.command == "python train.py --epochs 3"
-    assert job.gpus == 2 and job.env == {"LR": "3e-4"} and job.runtime_estimate_s == 7200
+    assert job.gpus == 2 and job.env == {"LR": "3e-4"}
+    assert (job.runtime_estimate_s, job.time_limit_s) == (7200, 86400)
     header, row = out.splitlines()
     assert header.split() == ["ID", "NAME", "PROJECT", "STATE", "GPUS"]
     assert row.split()[:3] == [str(job.pk), "train", "alpha"]
