@@ -37,7 +37,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.errors import DomainError
+from portal.errors import Conflict, DomainError
 from portal.models import IdempotencyKey, User
 
 HEADER = "Idempotency-Key"
@@ -123,15 +123,21 @@ def claim(request: Request) -> Claim:
     fingerprint = _fingerprint(request)
     now = timezone.now()
     IdempotencyKey.objects.filter(user=user, created_at__lt=now - TTL).delete()
-    try:
-        with transaction.atomic():
-            record = IdempotencyKey.objects.create(
-                user=user, key_hash=key_hash, method=method, path=path, request_hash=fingerprint
-            )
-            return Claim(record=record, key=key)
-    except IntegrityError:
-        pass  # a first request holds (or held) this key: its transaction is over now
-    stored = IdempotencyKey.objects.get(user=user, key_hash=key_hash)
+    stored = None
+    for _ in range(2):  # twice: the row we collided with may be gone before we read it
+        try:
+            with transaction.atomic():
+                record = IdempotencyKey.objects.create(
+                    user=user, key_hash=key_hash, method=method, path=path, request_hash=fingerprint
+                )
+                return Claim(record=record, key=key)
+        except IntegrityError:
+            pass  # a first request holds (or held) this key: its transaction is over now
+        stored = IdempotencyKey.objects.filter(user=user, key_hash=key_hash).first()
+        if stored is not None:
+            break
+    if stored is None:
+        raise Conflict("Another request with this Idempotency-Key is in flight; retry.")
     if (stored.method, stored.path, stored.request_hash) != (method, path, fingerprint):
         what = (
             "with a different body"

@@ -57,7 +57,7 @@ class CatalogModelField(serializers.SlugRelatedField):  # type: ignore[type-arg]
             self.fail("invalid")
         model = None if "\x00" in data else selectors.gpu_model_active(data)
         if model is None:
-            self.fail("does_not_exist", value=data.replace("\x00", ""))
+            self.fail("does_not_exist", value=data.replace("\x00", "")[:100])
         return model
 
 
@@ -351,7 +351,7 @@ class YamlRenderer(renderers.BaseRenderer):
         ]
     )
 )
-class JobViewSet(  # type: ignore[misc]
+class JobViewSet(
     IdempotentPostMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
