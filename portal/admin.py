@@ -11,7 +11,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from portal.audit import audit_record
-from portal.models import ApiToken, AuditEvent, Membership, Project, User
+from portal.models import ApiToken, AuditEvent, IdempotencyKey, Membership, Project, User
 
 
 class AuditedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -117,3 +117,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(ReadOnlyAdmin):
+    """Keys of retried API requests (24 hours); the answers are sealed with the keys."""
+
+    list_display = ["created_at", "user", "method", "path", "status_code"]
+    list_filter = ["method", "status_code"]
+    search_fields = ["user__email", "path"]
+    exclude = ["response_sealed"]

@@ -192,14 +192,21 @@ RULES: dict[str, Rule] = {
         {"get": EVERYONE_API, "post": api(201, 201, 201, 201, 201)},
         body={"post": lambda w: {"name": "matrix"}},
     ),
-    "api-token-detail": Rule({"delete": api(404, 404, 204, 404, 404)}, params={"pk": "token"}),
+    "api-token-detail": Rule(
+        {"get": api(404, 404, 200, 404, 404), "delete": api(404, 404, 204, 404, 404)},
+        params={"pk": "token"},
+    ),
     "api-token-revoke": Rule({"post": api(404, 404, 200, 404, 404)}, params={"pk": "token"}),
     "api-project-member-list": Rule(
         {"get": PROJECT_API, "post": api(403, 403, 201, 404, 403)},
         body={"post": lambda w: {"email": w["spare"].email, "role": "viewer"}},
     ),
     "api-project-member-detail": Rule(
-        {"patch": api(403, 403, 200, 404, 403), "delete": api(403, 403, 204, 404, 403)},
+        {
+            "get": PROJECT_API,
+            "patch": api(403, 403, 200, 404, 403),
+            "delete": api(403, 403, 204, 404, 403),
+        },
         params={"pk": "membership"},
         body={"patch": lambda w: {"role": "viewer"}},
     ),
