@@ -6,7 +6,7 @@ from datetime import date
 
 from celery import shared_task
 
-from billing import gateway, services
+from billing import gateway, services, slurm
 
 
 @shared_task(name="billing.meter")  # type: ignore[untyped-decorator]
@@ -55,3 +55,9 @@ def send_invoice_email(invoice_id: int) -> bool:
 )  # type: ignore[untyped-decorator]
 def push_invoice_to_stripe(invoice_id: int) -> str:
     return services.invoice_push_to_stripe(invoice_id=invoice_id)
+
+
+@shared_task(name="billing.slurm_meter", ignore_result=True)
+def slurm_meter() -> dict[str, int]:
+    """sacct of every Slurm pool → the ledger (every few minutes; re-reading is harmless)."""
+    return slurm.meter_recent()

@@ -12,6 +12,7 @@ from portal.forms import EmailLoginForm
 from portal.ratelimit import ratelimited
 from scheduler import ops_views
 from scheduler import views as scheduler_views
+from scheduler.backends.slurm import views as slurm_views
 from web import views as web_views
 
 urlpatterns = [
@@ -59,6 +60,11 @@ urlpatterns = [
     path("ops/nodes/<int:node_id>/", web_views.node_detail, name="ops-node-detail"),
     path("ops/nodes/<int:node_id>/<slug:action>/", ops_views.node_action, name="ops-node-action"),
     path("ops/pools/", ops_views.pool_list, name="ops-pools"),
+    path(
+        "ops/nodes/<int:node_id>/slurm/<slug:action>/",
+        slurm_views.slurm_node_action,
+        name="ops-slurm-node-action",
+    ),
     path("metrics", ratelimited("metrics", settings.METRICS_RATE)(metrics_view), name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),

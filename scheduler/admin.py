@@ -20,6 +20,8 @@ from scheduler.models import (
     Pool,
     Quota,
     QuotaModelLimit,
+    SlurmJob,
+    SlurmPool,
 )
 
 
@@ -39,10 +41,21 @@ class GpuModelAdmin(AuditedAdmin):
     search_fields = ["name", "display_name"]
 
 
+class SlurmPoolInline(admin.StackedInline):  # type: ignore[type-arg]
+    """The Slurm cluster a pool fronts (only read when the pool's backend is Slurm)."""
+
+    model = SlurmPool
+    extra = 0
+    max_num = 1
+    readonly_fields = ["last_sync_at", "last_error"]
+
+
 @admin.register(Pool)
 class PoolAdmin(AuditedAdmin):
-    list_display = ["name", "queue_policy", "scorer", "backfill", "preemption"]
+    list_display = ["name", "backend", "queue_policy", "scorer", "backfill", "preemption"]
+    list_filter = ["backend"]
     search_fields = ["name"]
+    inlines = [SlurmPoolInline]
 
 
 class GpuInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -166,6 +179,14 @@ class JobEventAdmin(ReadOnlyAdmin):
     list_filter = ["to_state"]
     search_fields = ["job__name", "reason", "actor_label"]
     list_select_related = ["job"]
+
+
+@admin.register(SlurmJob)
+class SlurmJobAdmin(ReadOnlyAdmin):
+    list_display = ["slurm_job_id", "job", "pool", "state", "reason", "restarts", "seen_at"]
+    list_filter = ["pool", "state"]
+    search_fields = ["slurm_job_id", "job__name"]
+    list_select_related = ["job", "pool"]
 
 
 @admin.register(LogChunk)

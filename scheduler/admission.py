@@ -20,11 +20,20 @@ from portal.db import insert_instances
 from portal.errors import DomainError
 from portal.models import Project, Role, User
 from portal.services import require_role
-from scheduler import ports
+from scheduler import backends, ports
 from scheduler.core.model import MILLI, gpu_demand_milli, gpus_requested
 from scheduler.core.periods import month_start
 from scheduler.cycle_requests import request_cycle
-from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, PriorityClass, Quota
+from scheduler.models import (
+    PRECISIONS,
+    GpuModel,
+    Job,
+    JobEvent,
+    JobState,
+    Pool,
+    PriorityClass,
+    Quota,
+)
 from scheduler.selectors import gpu_models_meeting, project_gpu_hours
 from scheduler.transitions import can_transition, job_transition
 
@@ -74,6 +83,7 @@ class JobSpec:
     shard_count: int = 1
     source: str = Job.Source.API
     manifest_ignored: tuple[dict[str, str], ...] = ()
+    pool: Pool | None = None  # None: any pool our agents run; a Slurm pool: Slurm runs it
 
     @property
     def gpu_count(self) -> int:
@@ -415,6 +425,7 @@ def job_from_spec(
         shard_index=shard,
         shard_count=spec.shard_count if shard is not None else None,
         manifest_ignored=list(spec.manifest_ignored),
+        pool=spec.pool,
     )
     if user is not None:
         job.submitted_by = user
@@ -520,5 +531,7 @@ def job_cancel(*, actor: User, job: Job, remote_addr: str | None = None) -> Job:
     audit_record(
         actor=actor, action="job.cancel", target=job, project=job.project, remote_addr=remote_addr
     )
+    if backends.is_external(job):
+        transaction.on_commit(lambda: backends.cancel(job))  # scancel, after our state is saved
     transaction.on_commit(request_cycle)
     return job

@@ -16,3 +16,7 @@ class SchedulerConfig(AppConfig):
             create_quota_for_new_project, sender=Project, dispatch_uid="scheduler.project-quota"
         )
         checks.register(check_required_ports)
+
+        from scheduler.backends.slurm import signals
+
+        signals.connect()  # quota edits → Slurm account limits

@@ -22,8 +22,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.db import bulk_update_rows, insert_rows
+from scheduler import backends, ports
 from scheduler import cycle_reads as reads
-from scheduler import ports
 from scheduler.core.model import (
     GpuView,
     JobRequest,
@@ -376,8 +376,11 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     started = time.perf_counter()
     now = now or timezone.now()
     expire_stale_preemptions(now=now)
+    queued = reads.queued_kinds()
+    if "slurm" in queued:
+        backends.handoff()  # queued jobs of Slurm pools go to Slurm (its scheduler places them)
     result = CycleResult()
-    if reads.ANY_QUEUED.rows():
+    if "agents" in queued:
         config = policy_config()
         state = build_state(now=now, with_usage=orders_by_fair_share(config))
         if state.queue:

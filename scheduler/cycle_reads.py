@@ -14,7 +14,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db.models import F, Q, TextField
+from django.db import connection
+from django.db.models import CharField, F, Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Coalesce
 
 from portal.db import AnyOf, CompiledQuery, EpochSeconds
@@ -179,6 +180,7 @@ class QueuedJobRow(NamedTuple):
 QUEUED_JOBS = CompiledQuery(
     lambda: (
         Job.objects.filter(state=JobState.QUEUED)
+        .exclude(pool__backend=Pool.Backend.SLURM)  # Slurm's jobs are handed over, not planned
         .order_by("queued_at", "pk")
         .values_list(
             "pk",
@@ -301,9 +303,37 @@ class PkRow(NamedTuple):
     pk: int
 
 
-ANY_QUEUED = CompiledQuery(
-    lambda: Job.objects.filter(state=JobState.QUEUED).values_list("pk")[:1], row=PkRow
-)
+class KindRow(NamedTuple):
+    kind: str
+
+
+# Anything queued? One read answers both questions: a job for our plan ("agents"), a job of a
+# Slurm pool that Slurm has not got yet ("slurm": the hand-off). Slurm's jobs are never planned.
+def _agents_queued() -> QuerySet[Job, tuple[str]]:
+    return (
+        Job.objects.filter(state=JobState.QUEUED)
+        .exclude(pool__backend=Pool.Backend.SLURM)
+        .values_list(Value("agents", output_field=CharField()))[:1]
+    )
+
+
+def _slurm_queued() -> QuerySet[Job, tuple[str]]:
+    return Job.objects.filter(
+        state=JobState.QUEUED, pool__backend=Pool.Backend.SLURM, slurm__isnull=True
+    ).values_list(Value("slurm", output_field=CharField()))[:1]
+
+
+ANY_QUEUED = CompiledQuery(lambda: _agents_queued().union(_slurm_queued(), all=True), row=KindRow)
+
+
+def queued_kinds() -> set[str]:
+    """{"agents", "slurm"} or part of it: what the cycle has to do."""
+    if connection.features.supports_slicing_ordering_in_compound:
+        return {row[0] for row in ANY_QUEUED.rows()}
+    # SQLite (the embedded default) takes no LIMIT inside a UNION: two reads
+    return {kind for qs in (_agents_queued(), _slurm_queued()) for (kind,) in qs}
+
+
 OVERDUE_PREEMPTION = CompiledQuery(
     lambda cutoff: Job.objects.filter(
         state=JobState.PREEMPTING, preempt_deadline__lt=cutoff

@@ -24,7 +24,7 @@ from scheduler.admission import (
 from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
-from scheduler.models import Gpu, GpuModel, Job, JobState, Quota
+from scheduler.models import Gpu, GpuModel, Job, JobState, Pool, Quota
 from scheduler.selectors import gpu_model_list, gpu_models_meeting
 
 DRY_RUN_ID = -1
@@ -47,6 +47,8 @@ class DryRun:
     queue_position: int | None
     # where it would wait with no model named: the cost on the dearest model it may land on
     cost_per_hour_most: Decimal | None = None
+    # who answered where and when: "portal" (our plan) or "slurm" (sbatch --test-only)
+    answered_by: str = "portal"
 
 
 def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
@@ -168,7 +170,18 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
     verdict: Verdict = admission_verdict(project=project, quota=quota, spec=spec, now=now)
     start_now, estimated, reason, message, position = False, None, "", "", None
     placed: list[Placement] = []
-    if verdict.admit:
+    answered_by = "portal"
+    if verdict.admit and spec.pool is not None and spec.pool.backend == Pool.Backend.SLURM:
+        # Slurm places the work: its own answer (sbatch --test-only on the current queue)
+        from scheduler.backends.slurm.submit import slurm_dry_run
+
+        job = _hypothetical_job(spec, project, now)
+        job.borrowed = verdict.borrowed
+        answered_by = "slurm"
+        start_now, estimated, reason, message = slurm_dry_run(
+            pool=spec.pool, job=job, shards=spec.shard_count, now=now
+        )
+    elif verdict.admit:
         job = _hypothetical_job(spec, project, now)
         job.borrowed = verdict.borrowed
         state = build_state(now=now, extra_jobs=[job])
@@ -204,6 +217,7 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         cost_for_estimate=total,
         queue_position=position,
         cost_per_hour_most=most,
+        answered_by=answered_by,
     )
 
 

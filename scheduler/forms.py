@@ -9,7 +9,7 @@ from django import forms
 from portal.errors import DomainError
 from portal.models import Project
 from scheduler.admission import JobSpec, spec_validate
-from scheduler.models import PRECISIONS, GpuModel, Job, PriorityClass
+from scheduler.models import PRECISIONS, GpuModel, Job, Pool, PriorityClass
 
 
 class JobForm(forms.Form):
@@ -24,6 +24,13 @@ class JobForm(forms.Form):
         to_field_name="name",
         required=False,
         empty_label="Any GPU that meets the constraints",
+    )
+    pool = forms.ModelChoiceField(
+        queryset=Pool.objects.all(),
+        to_field_name="name",
+        required=False,
+        empty_label="Any pool of our nodes",
+        help_text="A Slurm-backed pool hands the job to its Slurm cluster.",
     )
     min_gpu_memory_gb = forms.IntegerField(
         min_value=0, max_value=1000, required=False, label="Min GPU memory (GB)"
@@ -128,6 +135,7 @@ class JobForm(forms.Form):
             max_restarts=data.get("max_restarts") or 0,
             env=data.get("env") or {},
             source=Job.Source.FORM,
+            pool=data.get("pool"),
         )
         if shape == "gang" and not (spec.nodes and spec.gpus_per_node):
             self.add_error("nodes", "A gang needs a node count and GPUs per node.")

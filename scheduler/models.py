@@ -88,8 +88,20 @@ class Pool(models.Model):
     description = models.CharField(max_length=200, blank=True)
     queue_policy = models.CharField(max_length=16, choices=QUEUE_POLICY_CHOICES, default="priority")
     scorer = models.CharField(max_length=32, choices=SCORER_CHOICES, default="default")
+
+    class Backend(models.TextChoices):
+        AGENTS = "agents", "Our agents"
+        SLURM = "slurm", "Slurm cluster"
+
     backfill = models.BooleanField(default=True)
     preemption = models.BooleanField(default=True)
+    backend = models.CharField(
+        max_length=16,
+        choices=Backend.choices,
+        default=Backend.AGENTS,
+        help_text="Who runs the pool's jobs: our node agents, or a Slurm cluster (its settings "
+        "in the pool's Slurm section).",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -113,6 +125,7 @@ class Node(models.Model):
     class Provider(models.TextChoices):
         SIMULATED = "simulated", "Simulated"
         LOCAL = "local", "Local host"
+        SLURM = "slurm", "Slurm node (mirrored)"
 
     name = models.CharField(max_length=63, unique=True)
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
@@ -595,3 +608,7 @@ class QuotaModelLimit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_model}: {self.max_gpus}"
+
+
+# The Slurm execution backend's rows (pool settings, job links) live with it.
+from scheduler.backends.slurm.models import SlurmJob, SlurmPool  # noqa: E402,F401

@@ -72,8 +72,19 @@ def node_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+def slurm_node_actions(node: Node) -> list[tuple[str, str, str]]:
+    """A Slurm node is drained and resumed in Slurm (scontrol update), not by our agents."""
+    if node.provider != Node.Provider.SLURM:
+        return []
+    if "drain" in str(node.labels.get("slurm_state", "")):
+        return [("resume", "Resume", "Slurm schedules jobs on it again.")]
+    return [("drain", "Drain", "Slurm lets its jobs finish and starts no new ones on it.")]
+
+
 def node_actions(node: Node) -> list[tuple[str, str, str]]:
     """(action, label, confirmation) the node's state allows."""
+    if node.provider == Node.Provider.SLURM:
+        return []  # Slurm's own: slurm_node_actions
     options: dict[str, list[tuple[str, str, str]]] = {
         Node.State.READY: [
             ("cordon", "Cordon", "No new work will be placed on it."),
@@ -119,18 +130,26 @@ def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse
 
 @staff_required
 def pool_list(request: HttpRequest) -> HttpResponse:
-    pools = Pool.objects.prefetch_related(
-        Prefetch(
-            "autoscalers",
-            queryset=Autoscaler.objects.select_related("gpu_model").prefetch_related("decisions"),
+    pools = (
+        Pool.objects.select_related("slurm")
+        .prefetch_related(
+            Prefetch(
+                "autoscalers",
+                queryset=Autoscaler.objects.select_related("gpu_model").prefetch_related(
+                    "decisions"
+                ),
+            )
         )
-    ).annotate(node_count=Count("nodes", filter=~Q(nodes__state=Node.State.RETIRED), distinct=True))
+        .annotate(
+            node_count=Count("nodes", filter=~Q(nodes__state=Node.State.RETIRED), distinct=True)
+        )
+    )
     rows = []
     for pool in pools:
         scalers = []
         for s in pool.autoscalers.all():
             scalers.append({"scaler": s, "decisions": list(s.decisions.all()[:8])})
-        rows.append({"pool": pool, "scalers": scalers})
+        rows.append({"pool": pool, "scalers": scalers, "slurm": getattr(pool, "slurm", None)})
     queue = (
         Job.objects.filter(state=JobState.QUEUED)
         .values("gpu_model__name", "pending_reason")

@@ -215,7 +215,14 @@ def job_placement(job: Job) -> list[dict[str, object]]:
 
 
 def job_log_text(job: Job, *, after_id: int = 0, limit: int = 500) -> tuple[str, int]:
-    """Log text after chunk id `after_id` (for live tails) and the last id returned."""
+    """Log text after chunk id `after_id` (for live tails) and the last id returned.
+    A Slurm pool's job: its output file from byte `after_id` (the id is the file offset)."""
+    from scheduler import backends
+
+    if backends.is_external(job):
+        from scheduler.backends.slurm.logs import log_text
+
+        return log_text(job, after=after_id)
     chunks = list(
         LogChunk.objects.filter(job=job, pk__gt=after_id)
         .order_by("pk")

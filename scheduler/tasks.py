@@ -10,6 +10,11 @@ from django.core.cache import cache
 
 from portal.locks import single_flight
 from scheduler import ports
+from scheduler.backends.slurm.tasks import (  # noqa: F401  (registers them)
+    slurm_limits,
+    slurm_limits_project,
+    slurm_sync,
+)
 from scheduler.cycle import run_cycle
 from scheduler.cycle_requests import CYCLE_REQUESTED, CYCLE_RETRY_SECONDS
 

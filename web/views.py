@@ -22,7 +22,7 @@ from portal.selectors import (
 )
 from scheduler.estimates import job_hourly_cost, model_availability
 from scheduler.models import ACTIVE_STATES, Allocation, Job, JobState, Node, PriorityClass
-from scheduler.ops_views import node_actions, staff_required
+from scheduler.ops_views import node_actions, slurm_node_actions, staff_required
 from scheduler.selectors import (
     job_get_visible,
     job_list_visible_to,
@@ -122,6 +122,7 @@ def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
         .select_related("project"),
         "events": node.events.select_related("gpu")[:50],
         "actions": node_actions(node),
+        "slurm_actions": slurm_node_actions(node),
     }
     return render_partial_or_page(
         request,

@@ -254,6 +254,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 10.0,
         "options": {"expires": 20},
     },
+    # Slurm-backed pools (scheduler.backends.slurm): states and nodes, association limits
+    "slurm-sync": {"task": "scheduler.slurm_sync", "schedule": 5.0, "options": {"expires": 10}},
+    "slurm-limits": {
+        "task": "scheduler.slurm_limits",
+        "schedule": 900.0,
+        "options": {"expires": 900},
+    },
 }
 
 from config.settings.billing import *  # noqa: E402,F403

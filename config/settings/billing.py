@@ -21,6 +21,11 @@ BILLING_INVOICE_DUE_DAYS = _env.int("BILLING_INVOICE_DUE_DAYS", default=14)
 BILLING_METER_SECONDS = _env.float("BILLING_METER_SECONDS", default=300.0)
 
 BILLING_BEAT_SCHEDULE = {
+    "billing-slurm-meter": {  # sacct of Slurm-backed pools → the ledger (billing/slurm.py)
+        "task": "billing.slurm_meter",
+        "schedule": 600.0,
+        "options": {"expires": 600},
+    },
     "billing-meter": {
         "task": "billing.meter",
         "schedule": BILLING_METER_SECONDS,

@@ -36,7 +36,7 @@ from scheduler import selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
 from scheduler.estimates import job_dry_run, job_hourly_cost
 from scheduler.manifests import ManifestRefused, job_manifest, parse_manifest
-from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, PriorityClass
+from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, Pool, PriorityClass
 
 PRIORITIES = [p.lower() for p in PriorityClass.names]
 _STATE = "|".join(JobState.values)
@@ -114,6 +114,13 @@ class JobCreateSerializer(StrictSerializer):
         min_value=1, max_value=4096, required=False, allow_null=True
     )
     shard_count = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+    pool: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
+        slug_field="name",
+        queryset=Pool.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="A pool by name (e.g. a Slurm-backed one); blank: any pool of our agents.",
+    )
 
     def to_spec(self, source: str = Job.Source.API) -> tuple[str, JobSpec]:
         d = dict(self.validated_data)
@@ -298,6 +305,10 @@ class DryRunSerializer(serializers.Serializer):  # type: ignore[type-arg]
         allow_null=True,
         help_text="With no GPU model named and no start now: the cost per hour on the dearest "
         "model the job may land on (cost_per_hour is the cheapest).",
+    )
+    answered_by = serializers.CharField(
+        help_text="Who answered when and where: 'portal' (our plan) or 'slurm' (a Slurm pool: "
+        "sbatch --test-only on Slurm's current queue, quoted in wait_message)."
     )
 
 

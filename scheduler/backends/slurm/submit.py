@@ -1,0 +1,252 @@
+"""Our jobs → Slurm batch jobs: the sbatch command line, the cycle's hand-off, cancel, dry run."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler.backends.slurm.client import SlurmError, cluster_for
+from scheduler.backends.slurm.models import SlurmJob, SlurmPool
+from scheduler.models import Job, JobEvent, JobState, Pool
+from scheduler.transitions import job_transition
+
+ACTOR = "slurm"
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """An sbatch invocation: its options and its script."""
+
+    args: tuple[str, ...]
+    script: str
+    output_pattern: str  # with %a for an array's task index
+
+    def command_line(self) -> str:
+        return shlex.join(["sbatch", *self.args])
+
+
+def gres_type(cfg: SlurmPool, job: Job) -> str | None:
+    """The GRES type for the job's GPU model, or None for any GPU. Raises for an unmapped model."""
+    if job.gpu_model_id is None:
+        return None
+    name = job.gpu_model.name if job.gpu_model is not None else ""
+    kind = cfg.gpu_types.get(name)
+    if not kind:
+        raise SlurmError(f"the Slurm pool {cfg.pool.name} has no GPU type for {name}")
+    return str(kind)
+
+
+def qos_for(cfg: SlurmPool, job: Job) -> str:
+    if job.preemptible or job.borrowed:
+        return cfg.preemptible_qos
+    return str(cfg.qos_by_priority.get(str(job.priority), "normal"))
+
+
+def batch_job(cfg: SlurmPool, job: Job, *, shards: int = 1) -> BatchJob:
+    """The sbatch options for `job` (the first shard of an array of `shards`)."""
+    if job.gpu_milli != 1000:
+        raise SlurmError("Slurm pools take whole GPUs (a GPU share cannot be asked of Slurm)")
+    kind = gres_type(cfg, job)
+    gpus_per_node = job.gpus_per_node if job.nodes and job.gpus_per_node else job.gpus
+    nodes = job.nodes if job.nodes and job.gpus_per_node else 1
+    gres = f"gpu:{kind}:{gpus_per_node}" if kind else f"gpu:{gpus_per_node}"
+    total = nodes * gpus_per_node
+    args = [
+        f"--job-name={job.name[:64] if shards == 1 else job.name.split('[')[0][:64]}",
+        f"--partition={','.join(cfg.partition_list)}",
+        f"--account={job.project.slug}",
+        f"--qos={qos_for(cfg, job)}",
+        f"--nodes={nodes}",
+        f"--gres={gres}",
+        f"--comment=portal-job-{job.pk}",
+        "--open-mode=append",
+        "--requeue" if job.preemptible or job.borrowed or job.max_restarts else "--no-requeue",
+    ]
+    if job.cpu_milli:
+        args.append(f"--cpus-per-gpu={max(1, math.ceil(job.cpu_milli / 1000 / total))}")
+    if job.memory_mib:
+        args.append(f"--mem-per-gpu={max(1, math.ceil(job.memory_mib / total))}M")
+    if job.time_limit_s:
+        minutes, seconds = divmod(job.time_limit_s, 60)
+        args.append(f"--time={minutes}:{seconds:02d}")
+    out_dir = cfg.output_dir.rstrip("/")
+    if shards > 1:
+        args.append(f"--array=0-{shards - 1}")
+        pattern = f"{out_dir}/portal-job-{job.pk}-%a.out"
+    else:
+        pattern = f"{out_dir}/portal-job-{job.pk}.out"
+    args += [f"--output={pattern}", f"--chdir={job.working_dir or out_dir}"]
+    lines = ["#!/bin/bash", f"# portal job {job.pk} of project {job.project.slug}"]
+    env = {**job.env, "JOB_ID": str(job.pk)}
+    if shards > 1:
+        env["SHARD_COUNT"] = str(shards)
+        lines.append('export SHARD_INDEX="$SLURM_ARRAY_TASK_ID"')
+    if job.checkpoint_dir:
+        env["CHECKPOINT_DIR"] = job.checkpoint_dir
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
+    lines.append(job.command)
+    return BatchJob(tuple(args), "\n".join(lines) + "\n", pattern)
+
+
+def _groups(jobs: list[Job]) -> list[list[Job]]:
+    """One sbatch per job, one per array (its shards in index order)."""
+    by_root: dict[int, list[Job]] = defaultdict(list)
+    for job in jobs:
+        by_root[job.array_parent_id or job.pk].append(job)
+    return [sorted(g, key=lambda j: j.shard_index or 0) for g in by_root.values()]
+
+
+def submit_queued(*, limit: int = 500, parallel: int = 8) -> int:
+    """The cycle's hand-off: every queued job of a Slurm pool that Slurm has not got yet becomes
+    a batch job (an array's shards one array job). Returns how many of our jobs went.
+
+    The jobs stay locked (skip-locked: a second hand-off takes others) while their sbatch calls
+    run, several at once: an sbatch is a process and a round trip to slurmctld, and one after
+    the other they would cap the hand-off at a few jobs per second on a busy host."""
+    from scheduler.backends.slurm.accounts import ensure_account
+
+    with transaction.atomic():
+        jobs = list(
+            Job.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(state=JobState.QUEUED, pool__backend=Pool.Backend.SLURM, slurm__isnull=True)
+            .select_related("pool__slurm", "project", "gpu_model")
+            .order_by("pk")[:limit]
+        )
+        ready: list[tuple[list[Job], SlurmPool, BatchJob]] = []
+        refused: list[tuple[list[Job], str]] = []
+        for group in _groups(jobs):
+            first = group[0]
+            cfg = first.pool.slurm  # type: ignore[union-attr]
+            shards = first.shard_count or 1
+            if shards > 1 and len(group) != shards:
+                continue  # part of the array is not here (locked elsewhere): next pass
+            try:
+                ensure_account(cfg, first.project)
+                ready.append((group, cfg, batch_job(cfg, first, shards=shards)))
+            except SlurmError as exc:
+                refused.append((group, str(exc)))
+
+        def sbatch(item: tuple[list[Job], SlurmPool, BatchJob]) -> str | SlurmError:
+            _group, cfg, batch = item
+            try:
+                return cluster_for(cfg.pool).sbatch(batch.args, batch.script)
+            except SlurmError as exc:
+                return exc
+
+        if len(ready) > 1:
+            with ThreadPoolExecutor(max_workers=min(parallel, len(ready))) as pool:
+                answers = list(pool.map(sbatch, ready))
+        else:
+            answers = [sbatch(item) for item in ready]
+        now = timezone.now()
+        links, events, touched = [], [], []
+        for (group, cfg, batch), answer in zip(ready, answers, strict=True):
+            if isinstance(answer, SlurmError):
+                refused.append((group, str(answer)))
+                continue
+            shards = group[0].shard_count or 1
+            for job in group:
+                sid = answer if shards == 1 else f"{answer}_{job.shard_index}"
+                path = batch.output_pattern.replace("%a", str(job.shard_index or 0))
+                links.append(
+                    SlurmJob(
+                        job=job,
+                        pool_id=cfg.pool_id,
+                        slurm_job_id=sid,
+                        output_path=path,
+                        submitted_at=now,
+                    )
+                )
+                events.append(
+                    JobEvent(
+                        job=job,
+                        from_state=job.state,
+                        to_state=job.state,
+                        actor_label=ACTOR,
+                        reason=f"Submitted to Slurm cluster {cfg.cluster_name} as job {sid}",
+                        data={"slurm_job_id": sid, "sbatch": batch.command_line()},
+                    )
+                )
+                job.pending_reason = "slurm"
+                job.pending_message = f"waiting: submitted to Slurm as job {sid}"
+                touched.append(job)
+        SlurmJob.objects.bulk_create(links)
+        JobEvent.objects.bulk_create(events)
+        Job.objects.bulk_update(touched, ["pending_reason", "pending_message"])
+        for group, words in refused:
+            for job in group:
+                job.failure_reason = f"Slurm refused the job: {words}"[:500]
+                job_transition(
+                    job=job,
+                    to=JobState.FAILED,
+                    reason=job.failure_reason,
+                    actor_label=ACTOR,
+                    update_fields=("failure_reason",),
+                )
+    return len(touched)
+
+
+def cancel_job(job: Job) -> None:
+    """scancel the job's batch job (an array task alone). Our state is already Cancelled."""
+    link = SlurmJob.objects.filter(job=job).select_related("pool__slurm").first()
+    if link is None:
+        return
+    try:
+        cluster_for(link.pool).scancel(link.slurm_job_id)
+    except SlurmError as exc:
+        JobEvent.objects.create(
+            job=job,
+            from_state=job.state,
+            to_state=job.state,
+            actor_label=ACTOR,
+            reason=f"scancel {link.slurm_job_id} failed: {exc}"[:500],
+        )
+
+
+def dry_run(*, pool: Pool, job: Job, shards: int = 1) -> str:
+    """Slurm's own answer to `sbatch --test-only` for this job (when and where it would start).
+    `job` may be unsaved; raises SlurmError with Slurm's words when Slurm would refuse it."""
+    cfg = pool.slurm
+    batch = batch_job(cfg, job, shards=shards)
+    return cluster_for(pool).sbatch_test_only(batch.args, batch.script)
+
+
+_TEST_ONLY = re.compile(
+    r"Job (?P<id>\d+) to start at (?P<at>\S+) using (?P<cpus>\d+) processors on nodes "
+    r"(?P<nodes>\S+) in partition (?P<partition>\S+)"
+)
+
+
+def slurm_dry_run(
+    *, pool: Pool, job: Job, shards: int, now: datetime
+) -> tuple[bool, datetime | None, str, str]:
+    """(would start now, estimated start, wait reason, message) from `sbatch --test-only`:
+    Slurm's own answer on its current queue, said to be Slurm's."""
+    try:
+        words = dry_run(pool=pool, job=job, shards=shards)
+    except SlurmError as exc:
+        return False, None, "slurm", f"Slurm's answer (sbatch --test-only): it would refuse: {exc}"
+    m = _TEST_ONLY.search(words)
+    at = None
+    if m:
+        try:
+            at = datetime.fromisoformat(m.group("at")).astimezone()  # Slurm's local time
+        except ValueError:
+            at = None
+    start_now = at is not None and at <= now + timedelta(seconds=5)
+    where = f" on {m.group('nodes')} in partition {m.group('partition')}" if m else ""
+    when = "now" if start_now else (f"at {at:%Y-%m-%d %H:%M} UTC" if at else "at an unknown time")
+    return (
+        start_now,
+        at or None,
+        "" if start_now else "slurm",
+        f"Slurm's answer (sbatch --test-only): it would start {when}{where}. ({words})"[:500],
+    )
