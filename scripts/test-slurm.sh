@@ -194,15 +194,19 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -u
   slurm_main "$@"
   trap 'slurm_stop' EXIT
-  trap 'exit 130' INT TERM
+  trap 'kill $! 2>/dev/null; exit 130' INT TERM
   echo "export SLURM_CONF=$SLURM_CONF PORTAL_TEST_SLURM_SHARED=${PORTAL_TEST_SLURM_SHARED:-}"
   [ -n "${PORTAL_TEST_SLURM_SKIP:-}" ] && exit 1
-  sleep infinity
+  sleep infinity &
+  wait $!  # (a foreground sleep would hold off the INT/TERM trap until it ended)
 else
   slurm_main "$@"
   if declare -F slurm_stop >/dev/null; then
     _prev_exit_trap=$(trap -p EXIT | sed -e "s/^trap -- '//" -e "s/' EXIT\$//")
     # shellcheck disable=SC2064
     trap "slurm_stop; ${_prev_exit_trap:-true}" EXIT
+    # killed rather than ended, the run still stops its daemons (through the EXIT trap)
+    if [ -z "$(trap -p TERM)" ]; then trap 'exit 143' TERM; fi
+    if [ -z "$(trap -p INT)" ]; then trap 'exit 130' INT; fi
   fi
 fi
