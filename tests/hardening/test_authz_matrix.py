@@ -184,6 +184,10 @@ RULES: dict[str, Rule] = {
     "ops-node-action": Rule(
         {"post": page(403, 403, 403, 403, DONE)}, body={"post": lambda w: {"confirm": "h1"}}
     ),
+    # an agent node here (not drained through Slurm): staff get the refusal as a message
+    "ops-slurm-node-action": Rule(
+        {"post": page(403, 403, 403, 403, REFUSED)}, body={"post": lambda w: {"confirm": "h1"}}
+    ),
     "ops-pools": Rule({"get": STAFF_PAGE}),
     # --- API ----------------------------------------------------------------------------------
     "api-project-list": Rule({"get": EVERYONE_API}),
