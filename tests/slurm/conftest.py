@@ -22,15 +22,6 @@ from scheduler.models import Job, Pool
 from scheduler.services import catalog_seed
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _tasks_registered() -> None:
-    """Register the tasks modules as a worker does: services queue tasks by name, and a process
-    that never imported a tasks.py knows none of them (see the report on portal/enqueue.py)."""
-    from celery import current_app
-
-    current_app.loader.import_default_modules()
-
-
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     here = Path(__file__).parent
     skip = None
