@@ -31,6 +31,12 @@ def test_the_admin_refuses_an_unknown_scorer(client, fleet):
         "scorer": "fgd2",
         "backfill": "on",
         "preemption": "on",
+        "backend": "agents",
+        # the pool's Slurm section (an inline): none
+        "slurm-TOTAL_FORMS": "0",
+        "slurm-INITIAL_FORMS": "0",
+        "slurm-MIN_NUM_FORMS": "0",
+        "slurm-MAX_NUM_FORMS": "1",
     }
     resp = client.post(url, form)
     assert resp.status_code == 200 and "Select a valid choice" in resp.content.decode()
