@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0007_pool_scorer_and_policy_choices'),
+        ('scheduler', '0008_job_manifest_fields'),
     ]
 
     operations = [
