@@ -222,8 +222,15 @@ class ManifestJobSerializer(JobSerializer):
 
 
 class ManifestRefusedSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    detail = serializers.CharField(required=False)
-    code = serializers.CharField(required=False)
+    """The one error shape (code, message, fields) plus every refused field of the manifest."""
+
+    code = serializers.CharField()
+    message = serializers.CharField()
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="`manifest`: each refusal as 'field: why'.",
+    )
+    detail = serializers.CharField(required=False, help_text="The same as `message`.")
     refused = ManifestFindingSerializer(
         many=True, required=False, help_text="Every field refused, and why."
     )
@@ -460,12 +467,15 @@ class JobViewSet(
         try:
             imported = parse_manifest(raw)
         except ManifestRefused as exc:
+            reasons = [f"{f['field']}: {f['why']}" for f in exc.refused]
             return Response(
                 {
-                    "detail": exc.message,
                     "code": exc.code,
+                    "message": exc.message,
+                    "fields": {"manifest": reasons},
+                    "detail": exc.message,
                     "refused": exc.refused,
-                    "manifest": [f"{f['field']}: {f['why']}" for f in exc.refused],
+                    "manifest": reasons,
                 },
                 status=exc.status,
             )

@@ -144,7 +144,9 @@ def test_every_post_of_the_public_api_declares_the_key_and_its_422():
         assert "Idempotency-Key" in names, path
         assert "422" in op["responses"], path
         error = op["responses"]["400"]["content"]["application/json"]["schema"]
-        assert error["required"] == ["code", "message", "fields"], path
+        if "$ref" in error:  # an endpoint's own error component (the manifest's refusals)
+            error = schema["components"]["schemas"][error["$ref"].rsplit("/", 1)[1]]
+        assert {"code", "message", "fields"} <= set(error["required"]), path
 
 
 @pytest.mark.django_db(transaction=True)
