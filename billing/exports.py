@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterable, Iterator
 from datetime import date
 from typing import Any
@@ -87,11 +88,29 @@ def _iso(moment: Any) -> str:
     return str(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
+# A cell that starts with one of these is a formula to a spreadsheet (CSV injection): a job
+# named "=HYPERLINK(...)" must reach finance as text. Such cells get a leading apostrophe,
+# except plain numbers ("-0.43"), which stay numbers.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_PLAIN_NUMBER = re.compile(r"[-+]?[0-9]+(\.[0-9]+)?")
+
+
+def csv_cell(value: Any) -> Any:
+    """`value` safe to open in a spreadsheet: text that would be read as a formula is quoted."""
+    if (
+        isinstance(value, str)
+        and value.startswith(FORMULA_STARTS)
+        and not _PLAIN_NUMBER.fullmatch(value)
+    ):
+        return "'" + value
+    return value
+
+
 def csv_lines(header: list[str], rows: Iterable[list[Any]]) -> Iterator[str]:
     writer = csv.writer(_Echo())
     yield writer.writerow(header)
     for row in rows:
-        yield writer.writerow(row)
+        yield writer.writerow([csv_cell(v) for v in row])
 
 
 def usage_csv_rows(records: Iterable[UsageRecord]) -> Iterator[list[Any]]:

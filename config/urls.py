@@ -19,7 +19,9 @@ urlpatterns = [
     path("", web_views.home, name="home"),
     path(
         "login/",
-        auth_views.LoginView.as_view(authentication_form=EmailLoginForm),
+        ratelimited("login", settings.LOGIN_RATE, methods=("POST",), page=True)(
+            auth_views.LoginView.as_view(authentication_form=EmailLoginForm)
+        ),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -66,6 +68,11 @@ urlpatterns = [
         name="ops-slurm-node-action",
     ),
     path("metrics", ratelimited("metrics", settings.METRICS_RATE)(metrics_view), name="metrics"),
+    # The admin's login: the same lockout (its form and the backend) and the same rate limit.
+    path(
+        "admin/login/",
+        ratelimited("login", settings.LOGIN_RATE, methods=("POST",), page=True)(admin.site.login),
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),
     path("api/v1/", include("scheduler.api.urls")),

@@ -32,6 +32,7 @@ from monitoring.models import (
 )
 from portal.errors import DomainError
 from portal.models import Project, User
+from portal.params import whole_number
 from scheduler import ports
 from scheduler.core.model import MILLI, device_share_milli
 from scheduler.core.periods import floor_hour
@@ -78,10 +79,10 @@ def parse_range(raw: str | None) -> ChartRange:
 
 
 def parse_days(raw: str | None, *, default: int = 30, maximum: int = 90) -> int:
-    value = (raw or str(default)).strip()
-    if not value.isdigit() or not 1 <= int(value) <= maximum:
+    value = whole_number((raw or str(default)).strip(), maximum=maximum)
+    if value is None or value < 1:
         raise DomainError(f"days must be a whole number from 1 to {maximum}.", field="days")
-    return int(value)
+    return value
 
 
 def _align(

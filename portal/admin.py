@@ -11,6 +11,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from portal.audit import audit_record
+from portal.forms import AdminLoginForm
 from portal.models import ApiToken, AuditEvent, IdempotencyKey, Membership, Project, User
 
 
@@ -37,6 +38,9 @@ class AuditedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             remote_addr=request.META.get("REMOTE_ADDR"),
         )
         super().delete_model(request, obj)
+
+
+admin.site.login_form = AdminLoginForm
 
 
 @admin.register(User)

@@ -3,29 +3,37 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
-from portal.auth_events import login_locked
-from portal.models import Role
+from portal.auth_events import lockout_message, login_locked
+from portal.models import Role, TokenScope
 
 
-class EmailLoginForm(AuthenticationForm):
-    username = forms.EmailField(
-        label="Email", max_length=254, widget=forms.EmailInput(attrs={"autofocus": True})
-    )
+class LockoutMessageMixin:
+    """Says 'locked, wait' instead of 'wrong password' while the account is locked (the
+    authentication backend refuses the attempt either way)."""
+
+    cleaned_data: dict[str, Any]
+    request: Any
 
     def clean(self) -> dict[str, Any]:
         email = self.cleaned_data.get("username") or ""
         ip = self.request.META.get("REMOTE_ADDR") if self.request is not None else None
         if email and login_locked(email, ip):
-            minutes = max(1, settings.LOGIN_LOCKOUT_SECONDS // 60)
-            raise forms.ValidationError(
-                f"Too many failed attempts. Wait {minutes} minutes, then try again.",
-                code="locked",
-            )
-        cleaned: dict[str, Any] = super().clean()
+            raise forms.ValidationError(lockout_message(), code="locked")
+        cleaned: dict[str, Any] = super().clean()  # type: ignore[misc]
         return cleaned
+
+
+class EmailLoginForm(LockoutMessageMixin, AuthenticationForm):
+    username = forms.EmailField(
+        label="Email", max_length=254, widget=forms.EmailInput(attrs={"autofocus": True})
+    )
+
+
+class AdminLoginForm(LockoutMessageMixin, AdminAuthenticationForm):
+    """The admin's login, under the same lockout as the login page."""
 
 
 class MemberAddForm(forms.Form):
@@ -39,3 +47,12 @@ class MemberRoleForm(forms.Form):
 
 class TokenCreateForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="Where you will use it, e.g. 'laptop'.")
+    scope = forms.ChoiceField(choices=TokenScope.choices, initial=TokenScope.FULL)
+    expires_in_days = forms.TypedChoiceField(
+        choices=[("30", "30 days"), ("90", "90 days"), ("365", "1 year"), ("", "Never")],
+        coerce=int,
+        empty_value=None,
+        required=False,
+        initial="90",
+        label="Expires in",
+    )

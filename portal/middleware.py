@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
+from django.conf import settings
+from django.contrib.auth import logout
+from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import render, resolve_url
 
 from portal.audit import request_remote_addr
 from portal.errors import DomainError
@@ -44,6 +48,38 @@ class DomainErrorMiddleware:
         )
 
 
+IDLE_KEY = "_last_seen"
+IDLE_RENEW_SECONDS = 60  # write the session at most once a minute for activity
+
+
+class SessionIdleTimeoutMiddleware:
+    """Ends a signed-in session unused for SESSION_IDLE_SECONDS.
+
+    What a person does counts as use; what a page does by itself does not: htmx GETs (status
+    and chart polls) leave the clock running, so a forgotten tab still times out.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        user = getattr(request, "user", None)
+        if user is not None and user.is_authenticated and hasattr(request, "session"):
+            now = int(time.time())
+            last = request.session.get(IDLE_KEY)
+            if isinstance(last, int) and now - last > settings.SESSION_IDLE_SECONDS:
+                logout(request)
+                if request.headers.get("HX-Request"):
+                    response = HttpResponse(status=204)
+                    response["HX-Redirect"] = resolve_url(settings.LOGIN_URL)
+                    return response
+                return redirect_to_login(request.get_full_path())
+            automatic = request.method == "GET" and request.headers.get("HX-Request") == "true"
+            if not automatic and (not isinstance(last, int) or now - last >= IDLE_RENEW_SECONDS):
+                request.session[IDLE_KEY] = now
+        return self.get_response(request)
+
+
 class RequestContextMiddleware:
     """Remembers the client address for audit events written while serving this request."""
 
@@ -59,7 +95,8 @@ class RequestContextMiddleware:
 
 
 def client_ip(request: HttpRequest) -> str | None:
-    """REMOTE_ADDR; behind a proxy the deployment sets it from X-Forwarded-For (gunicorn)."""
+    """REMOTE_ADDR, which `portal.clientip.ClientAddressMiddleware` has already resolved
+    (X-Forwarded-For believed only from TRUSTED_PROXIES)."""
     addr = request.META.get("REMOTE_ADDR") or None
     return addr
 

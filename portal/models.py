@@ -106,6 +106,14 @@ class Membership(models.Model):
         return f"{self.user} in {self.project} ({self.role})"
 
 
+class TokenScope(models.TextChoices):
+    """What a personal token may do; a token never does more than its user may."""
+
+    READ = "read", "Read only"
+    SUBMIT = "submit", "Read, submit and cancel jobs"
+    FULL = "full", "Everything the user may do"
+
+
 class ApiToken(models.Model):
     """A personal API token. Only its SHA-256 is stored; the secret is shown once."""
 
@@ -115,7 +123,13 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=12, db_index=True, help_text="Shown to tell tokens apart.")
     token_hash = models.CharField(max_length=64, unique=True)
+    scope = models.CharField(max_length=8, choices=TokenScope.choices, default=TokenScope.FULL)
     created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Refused from then on; empty for a token that never expires.",
+    )
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -127,7 +141,9 @@ class ApiToken(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and (
+            self.expires_at is None or self.expires_at > timezone.now()
+        )
 
 
 class AuditEvent(models.Model):

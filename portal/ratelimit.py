@@ -17,6 +17,7 @@ from typing import Any
 from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from rest_framework.request import Request
 from rest_framework.throttling import (
     AnonRateThrottle,
@@ -42,8 +43,10 @@ def window_of(key: str, period: int, *, now: float | None = None) -> tuple[str, 
     return f"rl:{key}:{int(now // period)}", max(1, math.ceil(period - now % period))
 
 
-def window_hit(key: str, period: int, *, now: float | None = None) -> tuple[int, int]:
-    """Count one hit for `key` in the current `period`-second window.
+def window_hit(
+    key: str, period: int, *, now: float | None = None, amount: int = 1
+) -> tuple[int, int]:
+    """Count `amount` hits (one by default) for `key` in the current `period`-second window.
 
     Returns (hits in this window so far, seconds until the window ends). One round trip on Redis.
     """
@@ -53,17 +56,17 @@ def window_hit(key: str, period: int, *, now: float | None = None) -> tuple[int,
         full_key = cache.make_and_validate_key(window_key)
         client = cache._cache.get_client(full_key, write=True)
         pipe = client.pipeline(transaction=True)
-        pipe.incr(full_key)
+        pipe.incrby(full_key, amount)
         pipe.expire(full_key, period + 1)
         count, _ = pipe.execute()
         return int(count), retry_after
     # Other backends (the embedded file cache): add then incr, atomic enough for one host.
     cache.add(window_key, 0, timeout=period + 1)
     try:
-        return cache.incr(window_key), retry_after
+        return cache.incr(window_key, amount), retry_after
     except ValueError:  # expired between the two calls
-        cache.set(window_key, 1, timeout=period + 1)
-        return 1, retry_after
+        cache.set(window_key, amount, timeout=period + 1)
+        return amount, retry_after
 
 
 class FixedWindowMixin(SimpleRateThrottle):
@@ -109,25 +112,69 @@ class FixedWindowScopedThrottle(FixedWindowMixin, ScopedRateThrottle):
 
 
 def ratelimited(
-    scope: str, rate: str
+    scope: str,
+    rate: str,
+    *,
+    methods: tuple[str, ...] | None = None,
+    per_user: bool = False,
+    page: bool = False,
 ) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    """A fixed-window limit per client address for a plain Django view."""
+    """A fixed-window limit for a plain Django view: per client address (or per signed-in user
+    with `per_user`), counting only `methods` when given. Over the limit: 429 with Retry-After,
+    as JSON, or as the error page for pages (`page`)."""
     limit, period = parse_rate(rate)
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            who = request.META.get("REMOTE_ADDR") or "-"
+            if methods is not None and request.method not in methods:
+                return view(request, *args, **kwargs)
+            user = getattr(request, "user", None)
+            if per_user and user is not None and user.is_authenticated:
+                who = f"user:{user.pk}"
+            else:
+                who = request.META.get("REMOTE_ADDR") or "-"
             count, retry_after = window_hit(f"{scope}:{who}", period)
             if count > limit:
-                response = JsonResponse(
-                    {"detail": f"Rate limit of {rate} exceeded; retry after the current window."},
-                    status=429,
-                )
-                response["Retry-After"] = str(retry_after)
-                return response
+                return too_many(request, rate, retry_after, page=page)
             return view(request, *args, **kwargs)
 
         return wrapper
 
     return decorator
+
+
+def too_many(request: HttpRequest, rate: str, retry_after: int, *, page: bool) -> HttpResponse:
+    message = f"Rate limit of {rate} exceeded; try again in {retry_after} s."
+    response: HttpResponse
+    if page:
+        response = render(request, "error.html", {"status": 429, "message": message}, status=429)
+    else:
+        response = JsonResponse({"detail": message}, status=429)
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
+def hits_allowed(key: str, rate: str, hits: int = 1) -> tuple[bool, int]:
+    """Count `hits` (an array job's shards, say) against `rate` for `key`; (allowed, retry_after).
+
+    A request whose hits would pass the limit is refused and counted, so a burst of large
+    requests cannot slip through one at a time."""
+    limit, period = parse_rate(rate)
+    count, retry_after = window_hit(key, period, amount=max(1, hits))
+    return count <= limit, retry_after
+
+
+def scope_allows(*, scope: str, user_pk: object, hits: int = 1) -> tuple[bool, int]:
+    """Count `hits` against the API's scoped limit `scope` (submit, dry_run) for this user, in
+    the very window `FixedWindowScopedThrottle` counts, so the web form and the API share one
+    budget and an array job counts once per shard. Returns (allowed, seconds to retry)."""
+    from rest_framework.settings import api_settings
+
+    rate = api_settings.DEFAULT_THROTTLE_RATES.get(scope)
+    if not rate:
+        return True, 0
+    limit, period = parse_rate(rate)
+    key = ScopedRateThrottle.cache_format % {"scope": scope, "ident": user_pk}
+    count, retry_after = window_hit(key, period, amount=max(1, hits))
+    return count <= limit, retry_after

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
-from portal.models import ApiToken, Membership, Project, Role, User
+from portal.models import ApiToken, Membership, Project, Role, TokenScope, User
 from portal.selectors import project_role_of
 
 TOKEN_PREFIX = "gpc_"
@@ -133,16 +133,53 @@ class IssuedToken:
     secret: str  # shown to the user once, never stored
 
 
+TOKEN_MAX_DAYS = 366  # a token that expires does so within a year
+
+
 @transaction.atomic
-def token_create(*, user: User, name: str) -> IssuedToken:
+def token_create(
+    *,
+    user: User,
+    name: str,
+    scope: str = TokenScope.FULL,
+    expires_in_days: int | None = None,
+) -> IssuedToken:
+    """A new personal token: `scope` bounds what it may do, `expires_in_days` when it stops
+    working (None: never)."""
     name = name.strip()
     if not name:
         raise DomainError("Give the token a name, e.g. 'laptop' or 'ci'.", field="name")
+    if scope not in TokenScope.values:
+        raise DomainError(
+            "The scope is one of: " + ", ".join(TokenScope.values) + ".", field="scope"
+        )
+    expires_at = None
+    if expires_in_days is not None:
+        if not 1 <= expires_in_days <= TOKEN_MAX_DAYS:
+            raise DomainError(
+                f"A token expires in 1 to {TOKEN_MAX_DAYS} days (or never).",
+                field="expires_in_days",
+            )
+        expires_at = timezone.now() + timedelta(days=expires_in_days)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
-        user=user, name=name, prefix=secret[: len(TOKEN_PREFIX) + 6], token_hash=token_hash(secret)
+        user=user,
+        name=name,
+        prefix=secret[: len(TOKEN_PREFIX) + 6],
+        token_hash=token_hash(secret),
+        scope=scope,
+        expires_at=expires_at,
     )
-    audit_record(actor=user, action="token.create", target=token, data={"name": name})
+    audit_record(
+        actor=user,
+        action="token.create",
+        target=token,
+        data={
+            "name": name,
+            "scope": scope,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
+    )
     return IssuedToken(token=token, secret=secret)
 
 
@@ -159,16 +196,26 @@ def token_revoke(*, user: User, token_id: int) -> ApiToken:
 
 
 TOKEN_USER = """
-SELECT u.*, t.id AS token_id,
+SELECT u.*, t.id AS token_id, t.scope AS token_scope,
        (t.last_used_at IS NULL OR t.last_used_at < %s) AS token_last_use_stale
   FROM portal_user u
   JOIN portal_apitoken t ON t.user_id = u.id
  WHERE t.token_hash = %s AND t.revoked_at IS NULL AND u.is_active
+   AND (t.expires_at IS NULL OR t.expires_at > %s)
 """
 
 
-def token_authenticate(*, raw: str) -> User | None:
-    """The active user behind a bearer token, recording when it was last used.
+@dataclass(frozen=True)
+class TokenGrant:
+    """What an authenticated bearer token grants: its user, within its scope."""
+
+    token_id: int
+    scope: str
+
+
+def token_authenticate(*, raw: str) -> tuple[User, TokenGrant] | None:
+    """The active user behind an unexpired, unrevoked bearer token and what the token may do,
+    recording when it was last used.
 
     One plain statement: every API call comes through here.
     """
@@ -177,10 +224,10 @@ def token_authenticate(*, raw: str) -> User | None:
     now = timezone.now()
     # Write at most once a minute: a busy client should not turn reads into writes.
     stale_before = now - timedelta(seconds=60)
-    user = next(iter(User.objects.raw(TOKEN_USER, [stale_before, token_hash(raw)])), None)
+    user = next(iter(User.objects.raw(TOKEN_USER, [stale_before, token_hash(raw), now])), None)
     if user is None:
         return None
+    token_id: int = getattr(user, "token_id")  # noqa: B009 - a column of the statement
     if getattr(user, "token_last_use_stale", False):
-        token_id: int = getattr(user, "token_id")  # noqa: B009 - a column of the statement
         ApiToken.objects.filter(pk=token_id).update(last_used_at=now)
-    return user
+    return user, TokenGrant(token_id=token_id, scope=getattr(user, "token_scope"))  # noqa: B009

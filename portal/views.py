@@ -80,7 +80,12 @@ def token_list(request: HttpRequest) -> HttpResponse:
     new_secret = None
     if request.method == "POST" and form.is_valid():
         try:
-            issued = services.token_create(user=_user(request), name=form.cleaned_data["name"])
+            issued = services.token_create(
+                user=_user(request),
+                name=form.cleaned_data["name"],
+                scope=form.cleaned_data["scope"],
+                expires_in_days=form.cleaned_data.get("expires_in_days"),
+            )
             new_secret = issued.secret
             form = TokenCreateForm()
         except DomainError as exc:

@@ -12,6 +12,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Protocol
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -39,6 +40,11 @@ from scheduler.transitions import can_transition, job_transition
 
 MAX_GPUS_PER_JOB = 4096
 MAX_SHARDS = 1000
+# What one job stores of its request (command and environment), and an array in all: every
+# shard is a row with its own copy, so a small request must not become megabytes of rows.
+MAX_JOB_PAYLOAD_BYTES = 64 * 1024
+MAX_ARRAY_PAYLOAD_BYTES = 2 * 1024 * 1024
+MAX_ENV_VARS = 128
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV = {
     "CUDA_VISIBLE_DEVICES",
@@ -98,6 +104,13 @@ class JobSpec:
         )
 
 
+def spec_payload_bytes(spec: JobSpec) -> int:
+    """Bytes of request text each job row keeps: its command and environment."""
+    return len(spec.command.encode()) + sum(
+        len(k.encode()) + len(v.encode()) for k, v in spec.env.items()
+    )
+
+
 def spec_validate(spec: JobSpec) -> JobSpec:
     """Check a spec for consistency; raise DomainError naming the field and what to fix."""
 
@@ -153,6 +166,22 @@ def spec_validate(spec: JobSpec) -> JobSpec:
         raise bad("max_restarts", "Allow 0 to 10 restarts.")
     if not 1 <= spec.shard_count <= MAX_SHARDS:
         raise bad("shard_count", f"An array job has 1 to {MAX_SHARDS} shards.")
+    if len(spec.env) > MAX_ENV_VARS:
+        raise bad("env", f"At most {MAX_ENV_VARS} environment variables.")
+    payload = spec_payload_bytes(spec)
+    if payload > MAX_JOB_PAYLOAD_BYTES:
+        raise bad(
+            "env",
+            f"The command and environment take {payload:,} bytes; the most is "
+            f"{MAX_JOB_PAYLOAD_BYTES:,}. Put large inputs in files.",
+        )
+    if payload * spec.shard_count > MAX_ARRAY_PAYLOAD_BYTES:
+        raise bad(
+            "shard_count",
+            f"{spec.shard_count} shards × {payload:,} bytes of command and environment is more "
+            f"than {MAX_ARRAY_PAYLOAD_BYTES:,} bytes; use fewer shards or a shorter command "
+            "(read per-shard inputs by SHARD_INDEX).",
+        )
     if spec.elastic_min is not None or spec.elastic_max is not None:
         lo, hi = spec.elastic_min or spec.gpus, spec.elastic_max or spec.gpus
         if (
@@ -433,6 +462,23 @@ def job_from_spec(
 
 
 @transaction.atomic
+class QueueFull(DomainError):
+    status = 429
+
+
+def queued_cap_check(*, project: Project, adding: int) -> None:
+    """A project may have at most PROJECT_MAX_QUEUED_JOBS jobs waiting: past it, a submit is
+    refused (429) before anything is written, so no tenant can flood the queue."""
+    cap: int = settings.PROJECT_MAX_QUEUED_JOBS
+    waiting = Job.objects.filter(project=project, state=JobState.QUEUED).count()
+    if waiting + adding > cap:
+        raise QueueFull(
+            f"Project {project.slug} has {waiting:,} jobs waiting; the cap is {cap:,}. "
+            "Wait for some to start, or cancel some.",
+            code="queue_full",
+        )
+
+
 def job_submit(
     *, actor: User, project: Project, spec: JobSpec, remote_addr: str | None = None
 ) -> list[Job]:
@@ -446,6 +492,7 @@ def job_submit(
     """
     require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
     spec = spec_validate(spec)
+    queued_cap_check(project=project, adding=spec.shard_count)
     now = timezone.now()
     # Billing's checks do not read the quota: asked before the lock, they do not lengthen it.
     hook_verdicts = admission_hook_verdicts(project=project, spec=spec, now=now)

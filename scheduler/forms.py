@@ -51,7 +51,9 @@ class JobForm(forms.Form):
         label="Fraction (milli-GPU)",
         help_text="Milli-GPU, e.g. 250 = a quarter.",
     )
-    gpu_memory_mib = forms.IntegerField(min_value=0, required=False, label="GPU memory limit (MiB)")
+    gpu_memory_mib = forms.IntegerField(
+        min_value=0, max_value=4 * 1024 * 1024, required=False, label="GPU memory limit (MiB)"
+    )
     nodes = forms.IntegerField(min_value=1, max_value=512, required=False)
     gpus_per_node = forms.IntegerField(
         min_value=1, max_value=16, required=False, label="GPUs per node"

@@ -16,6 +16,7 @@ from django.utils import timezone
 from portal.db import CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
+from portal.params import whole_number
 from portal.selectors import project_get_visible, project_list_visible_to
 from scheduler.core.model import MILLI, device_share_milli, gpu_capacity_milli
 from scheduler.core.periods import month_start
@@ -33,12 +34,12 @@ class CatalogFilter:
         raw_mem = (params.get("min_memory_gb") or "").strip()
         min_memory_gb = None
         if raw_mem:
-            if not raw_mem.isdigit() or int(raw_mem) > 10_000:
+            min_memory_gb = whole_number(raw_mem, maximum=10_000)
+            if min_memory_gb is None:
                 raise DomainError(
                     "min_memory_gb must be a whole number of GB between 0 and 10000.",
                     field="min_memory_gb",
                 )
-            min_memory_gb = int(raw_mem)
         precision = (params.get("precision") or "").strip().lower() or None
         if precision is not None and precision not in PRECISIONS:
             raise DomainError(

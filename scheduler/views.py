@@ -12,6 +12,8 @@ from django.views.decorators.http import require_POST
 from portal.errors import DomainError
 from portal.htmx import render_partial_or_page, wants_partial
 from portal.models import Role, User
+from portal.params import whole_number
+from portal.ratelimit import scope_allows
 from portal.selectors import project_list_visible_to
 from scheduler import selectors
 from scheduler.admission import job_cancel, job_submit
@@ -67,7 +69,20 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if request.GET.get("gpu_model"):
         initial["gpu_model"] = request.GET["gpu_model"]
     form = JobForm(request.POST or None, projects=projects, initial=initial)
+    status = 400 if request.method == "POST" else 200
     if request.method == "POST" and form.is_valid() and form.spec is not None:
+        # The form spends the same submit budget as the API, one hit per shard.
+        allowed, retry_after = scope_allows(
+            scope="submit", user_pk=_user(request).pk, hits=form.spec.shard_count
+        )
+        if not allowed:
+            form.add_error(
+                None,
+                f"You have reached your submit rate limit; try again in {retry_after} s. "
+                "Your inputs are kept.",
+            )
+            status = 429
+    if request.method == "POST" and status != 429 and form.is_valid() and form.spec is not None:
         try:
             jobs = job_submit(
                 actor=_user(request),
@@ -90,7 +105,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
         request,
         "scheduler/job_form.html",
         {"form": form, "availability": model_availability(), "no_projects": not projects.exists()},
-        status=400 if request.method == "POST" else 200,
+        status=status,
     )
 
 
@@ -100,6 +115,16 @@ def job_dry_run_view(request: HttpRequest) -> HttpResponse:
     """The dry-run panel beside the form (htmx): cost, estimated start, quota, why it waits."""
     form = JobForm(request.POST, projects=_submittable_projects(_user(request)))
     context: dict[str, object] = {"form": form}
+    allowed, retry_after = scope_allows(scope="dry_run", user_pk=_user(request).pk)
+    if not allowed:
+        context["error"] = f"Too many dry runs; the next is possible in {retry_after} s."
+        # htmx swaps only 2xx answers, so the panel carries its error with a 200
+        return render(
+            request,
+            "scheduler/partials/_dry_run.html",
+            context,
+            status=200 if wants_partial(request) else 429,
+        )
     if form.is_valid() and form.spec is not None:
         try:
             context["dry"] = job_dry_run(project=form.cleaned_data["project"], spec=form.spec)
@@ -140,8 +165,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
 def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
     """Live tail (htmx polls with ?after=<last chunk id> and appends)."""
     job = selectors.job_get_visible(user=_user(request), job_id=job_id)
-    after = request.GET.get("after", "0")
-    text, last = selectors.job_log_text(job, after_id=int(after) if after.isdigit() else 0)
+    after = whole_number(request.GET.get("after", "0"), maximum=2**63 - 1) or 0
+    text, last = selectors.job_log_text(job, after_id=after)
     return render(
         request,
         "scheduler/partials/_log_tail.html",

@@ -20,6 +20,7 @@ from billing.services.notifications import notification_create, owner_emails, se
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import Project
+from portal.params import whole_number
 
 
 def _save(obj: Any, **fields: Any) -> None:
@@ -127,8 +128,9 @@ def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: da
     ledger_id = str((obj.get("metadata") or {}).get("ledger_invoice_id", ""))
     qs = Invoice.objects.select_for_update().select_related("account")
     invoice = None
-    if ledger_id.isdigit():
-        invoice = qs.filter(pk=int(ledger_id)).first()
+    invoice_pk = whole_number(ledger_id, maximum=2**63 - 1)
+    if invoice_pk is not None:
+        invoice = qs.filter(pk=invoice_pk).first()
     if invoice is None and obj.get("id"):
         invoice = qs.filter(stripe_invoice_id=str(obj["id"])).first()
     if invoice is None:

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.clientip.ClientAddressMiddleware",  # first: everything below sees the real client
     "django.middleware.security.SecurityMiddleware",
     "portal.middleware.SecurityHeadersMiddleware",
     "portal.middleware.RequestContextMiddleware",
@@ -42,6 +43,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "portal.middleware.SessionIdleTimeoutMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -52,6 +54,8 @@ MIDDLEWARE = [
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 AUTH_USER_MODEL = "portal.User"
+# Every login path checks the lockout (portal/auth_events.py).
+AUTHENTICATION_BACKENDS = ["portal.auth_events.ThrottledModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -136,9 +140,19 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=12 * 3600)
-# Login throttling: this many failures per email or per client address lock it out this long.
+# A session unused this long ends (each request renews it); SESSION_COOKIE_AGE caps it in all.
+SESSION_IDLE_SECONDS = env.int("SESSION_IDLE_SECONDS", default=3600)
+# Proxies whose X-Forwarded-For is believed (addresses or CIDR networks; none by default).
+TRUSTED_PROXIES = env.list("TRUSTED_PROXIES", default=[])
+# Login throttling, on every login path (page, admin, API): this many failures for one account
+# from one client address lock that pair out this long; LOGIN_ACCOUNT_FAILURE_LIMIT failures
+# for one account from anywhere lock the account. Attempts per address are rate-limited.
 LOGIN_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_ACCOUNT_FAILURE_LIMIT = env.int("LOGIN_ACCOUNT_FAILURE_LIMIT", default=50)
 LOGIN_LOCKOUT_SECONDS = env.int("LOGIN_LOCKOUT_SECONDS", default=900)
+LOGIN_RATE = env("LOGIN_RATE", default="30/min")
+# Jobs one project may have waiting in the queue; a submit past it is refused (429).
+PROJECT_MAX_QUEUED_JOBS = env.int("PROJECT_MAX_QUEUED_JOBS", default=10_000)
 METRICS_RATE = env("METRICS_RATE", default="120/min")
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
 X_FRAME_OPTIONS = "DENY"
@@ -150,11 +164,16 @@ REST_FRAMEWORK = {
         "portal.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "portal.authentication.TokenScopePermission",
+    ],
     "DEFAULT_SCHEMA_CLASS": "portal.api.schema.PortalAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
+    # REMOTE_ADDR is already the client (portal.clientip), so DRF must not read the header.
+    "NUM_PROXIES": 0,
     "DEFAULT_THROTTLE_CLASSES": [
         "portal.ratelimit.FixedWindowAnonThrottle",
         "portal.ratelimit.FixedWindowUserThrottle",

@@ -21,6 +21,8 @@ from drf_spectacular.openapi import AutoSchema
 from rest_framework import pagination, parsers, serializers
 from rest_framework.exceptions import ParseError
 
+from portal.params import whole_number
+
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "Every error has this shape: `code` for programs, `message` for people, "
@@ -124,21 +126,23 @@ class StrictLimitOffsetPagination(pagination.LimitOffsetPagination):
         raw = request.query_params.get(self.limit_query_param)
         if raw is None:
             return self.default_limit
-        if not raw.isdigit() or not 1 <= int(raw) <= (self.max_limit or 1000):
+        value = whole_number(raw, maximum=self.max_limit or 1000)
+        if value is None or value < 1:
             raise serializers.ValidationError(
                 {self.limit_query_param: [f"A whole number from 1 to {self.max_limit}."]}
             )
-        return int(raw)
+        return value
 
     def get_offset(self, request: Any) -> int:
         raw = request.query_params.get(self.offset_query_param)
         if raw is None:
             return 0
-        if not raw.isdigit() or int(raw) > 2**31:
+        value = whole_number(raw, maximum=2**31)
+        if value is None:
             raise serializers.ValidationError(
-                {self.offset_query_param: ["A whole number, 0 or more."]}
+                {self.offset_query_param: [f"A whole number from 0 to {2**31}."]}
             )
-        return int(raw)
+        return value
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
         params: list[dict[str, Any]] = super().get_schema_operation_parameters(view)

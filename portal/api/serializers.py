@@ -7,7 +7,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from portal.models import ApiToken, Membership, Project, Role
+from portal.models import ApiToken, Membership, Project, Role, TokenScope
+from portal.services import TOKEN_MAX_DAYS
 
 
 class PrototypeFieldsMixin:
@@ -84,11 +85,32 @@ class MembershipUpdateSerializer(StrictSerializer):
 class ApiTokenSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "scope",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+        ]
 
 
 class ApiTokenCreateSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
+    scope = serializers.ChoiceField(
+        choices=TokenScope.choices,
+        default=TokenScope.FULL,
+        help_text="read: only reads; submit: also submits, dry-runs and cancels jobs; full: all.",
+    )
+    expires_in_days = serializers.IntegerField(
+        min_value=1,
+        max_value=TOKEN_MAX_DAYS,
+        required=False,
+        allow_null=True,
+        help_text="Days until the token stops working; omit or null for no expiry.",
+    )
 
 
 class IssuedTokenSerializer(ApiTokenSerializer):

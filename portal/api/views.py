@@ -120,7 +120,12 @@ class ApiTokenViewSet(
     def create(self, request: Request) -> Response:
         body = ApiTokenCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        issued = services.token_create(user=request.user, name=body.validated_data["name"])  # type: ignore[arg-type]
+        issued = services.token_create(
+            user=request.user,  # type: ignore[arg-type]
+            name=body.validated_data["name"],
+            scope=body.validated_data["scope"],
+            expires_in_days=body.validated_data.get("expires_in_days"),
+        )
         data = dict(ApiTokenSerializer(issued.token).data)
         data["token"] = issued.secret
         location = reverse("api-token-detail", args=[issued.token.pk])

@@ -17,6 +17,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, parsers, renderers, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import Throttled
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils import encoders
@@ -30,7 +31,8 @@ from portal.api.schema import (
 )
 from portal.api.serializers import PrototypeFieldsMixin, StrictSerializer
 from portal.models import Project, User
-from portal.ratelimit import FixedWindowScopedThrottle
+from portal.params import whole_number
+from portal.ratelimit import FixedWindowScopedThrottle, scope_allows
 from portal.selectors import project_get_visible
 from scheduler import selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
@@ -379,6 +381,7 @@ class JobViewSet(
     pagination_class = StrictLimitOffsetPagination
     parser_classes = [StrictJSONParser]  # nested fields (env, precisions): JSON only
     lookup_value_regex = r"\d+"
+    token_scope = "submit"  # submit-scoped tokens may submit, dry-run and cancel here
 
     def get_serializer_class(self) -> type:
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
@@ -412,11 +415,25 @@ class JobViewSet(
         location = reverse("api-job-detail", args=[jobs[0].pk])
         return Response(body, status=status.HTTP_201_CREATED, headers={"Location": location})
 
+    def _count_shards(self, spec: JobSpec) -> None:
+        """The submit limit counts jobs, not requests: the throttle counted this request once,
+        so an array counts its other shards too."""
+        if spec.shard_count > 1:
+            allowed, retry_after = scope_allows(
+                scope="submit", user_pk=self._user.pk, hits=spec.shard_count - 1
+            )
+            if not allowed:
+                raise Throttled(
+                    wait=retry_after,
+                    detail=f"Submitting {spec.shard_count} shards passes your submit rate limit.",
+                )
+
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request: Request) -> Response:
         body = JobCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         slug, spec = body.to_spec()
+        self._count_shards(spec)
         jobs = job_submit(
             actor=self._user,
             project=self._project(slug),
@@ -484,6 +501,7 @@ class JobViewSet(
             raise serializers.ValidationError(
                 {"project": ["Name the project with ?project=<slug> or metadata.namespace."]}
             )
+        self._count_shards(imported.spec)
         jobs = job_submit(
             actor=self._user,
             project=self._project(slug),
@@ -540,10 +558,10 @@ class JobViewSet(
     @action(detail=True, methods=["get"])
     def logs(self, request: Request, pk: str) -> Response:
         job = self.get_object()
-        after = request.query_params.get("after", "0")
-        if not after.isdigit():
+        after = whole_number(request.query_params.get("after", "0"), maximum=2**63 - 1)
+        if after is None:
             raise serializers.ValidationError(
                 {"after": ["A whole number: the last chunk id you have."]}
             )
-        text, last = selectors.job_log_text(job, after_id=int(after))
+        text, last = selectors.job_log_text(job, after_id=after)
         return Response({"text": text, "last": last, "state": job.state})

@@ -100,14 +100,14 @@ def test_last_use_is_written_at_most_once_a_minute(make_user, api, django_assert
     user = make_user()
     secret = create_token(api, user)["token"]
     with django_assert_num_queries(2):  # the lookup, then the first use is recorded
-        assert token_authenticate(raw=secret) == user
+        assert token_authenticate(raw=secret)[0] == user
     first = ApiToken.objects.get(user=user).last_used_at
     with django_assert_num_queries(1):  # used again within the minute: a read only
-        assert token_authenticate(raw=secret) == user
+        assert token_authenticate(raw=secret)[0] == user
     assert ApiToken.objects.get(user=user).last_used_at == first
     ApiToken.objects.filter(user=user).update(last_used_at=first - timedelta(seconds=61))
     with django_assert_num_queries(2):
-        assert token_authenticate(raw=secret) == user
+        assert token_authenticate(raw=secret)[0] == user
     assert ApiToken.objects.get(user=user).last_used_at > first - timedelta(seconds=1)
     assert ApiToken.objects.get(user=user).last_used_at <= timezone.now()
 
