@@ -15,11 +15,16 @@ from scheduler import views as scheduler_views
 from scheduler.backends.slurm import views as slurm_views
 from web import views as web_views
 
+
+def _login_rate() -> str:
+    return str(settings.LOGIN_RATE)
+
+
 urlpatterns = [
     path("", web_views.home, name="home"),
     path(
         "login/",
-        ratelimited("login", settings.LOGIN_RATE, methods=("POST",), page=True)(
+        ratelimited("login", _login_rate, methods=("POST",), page=True)(
             auth_views.LoginView.as_view(authentication_form=EmailLoginForm)
         ),
         name="login",
@@ -71,7 +76,7 @@ urlpatterns = [
     # The admin's login: the same lockout (its form and the backend) and the same rate limit.
     path(
         "admin/login/",
-        ratelimited("login", settings.LOGIN_RATE, methods=("POST",), page=True)(admin.site.login),
+        ratelimited("login", _login_rate, methods=("POST",), page=True)(admin.site.login),
     ),
     path("admin/", admin.site.urls),
     path("api/v1/", include("portal.api.urls")),

@@ -6,23 +6,23 @@ from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
-from portal.auth_events import lockout_message, login_locked
+from portal.auth_events import LOCKED_ATTR, lockout_message
 from portal.models import Role, TokenScope
 
 
 class LockoutMessageMixin:
-    """Says 'locked, wait' instead of 'wrong password' while the account is locked (the
-    authentication backend refuses the attempt either way)."""
+    """Says 'locked, wait' instead of 'wrong password' when the authentication backend
+    refused the attempt because the account is locked (it is refused, and audited, either way)."""
 
-    cleaned_data: dict[str, Any]
     request: Any
 
     def clean(self) -> dict[str, Any]:
-        email = self.cleaned_data.get("username") or ""
-        ip = self.request.META.get("REMOTE_ADDR") if self.request is not None else None
-        if email and login_locked(email, ip):
-            raise forms.ValidationError(lockout_message(), code="locked")
-        cleaned: dict[str, Any] = super().clean()  # type: ignore[misc]
+        try:
+            cleaned: dict[str, Any] = super().clean()  # type: ignore[misc]
+        except forms.ValidationError:
+            if self.request is not None and getattr(self.request, LOCKED_ATTR, False):
+                raise forms.ValidationError(lockout_message(), code="locked") from None
+            raise
         return cleaned
 
 
@@ -47,7 +47,7 @@ class MemberRoleForm(forms.Form):
 
 class TokenCreateForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="Where you will use it, e.g. 'laptop'.")
-    scope = forms.ChoiceField(choices=TokenScope.choices, initial=TokenScope.FULL)
+    scope = forms.ChoiceField(choices=TokenScope.choices, initial=TokenScope.FULL, required=False)
     expires_in_days = forms.TypedChoiceField(
         choices=[("30", "30 days"), ("90", "90 days"), ("365", "1 year"), ("", "Never")],
         coerce=int,

@@ -113,7 +113,7 @@ class FixedWindowScopedThrottle(FixedWindowMixin, ScopedRateThrottle):
 
 def ratelimited(
     scope: str,
-    rate: str,
+    rate: str | Callable[[], str],
     *,
     methods: tuple[str, ...] | None = None,
     per_user: bool = False,
@@ -121,14 +121,16 @@ def ratelimited(
 ) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
     """A fixed-window limit for a plain Django view: per client address (or per signed-in user
     with `per_user`), counting only `methods` when given. Over the limit: 429 with Retry-After,
-    as JSON, or as the error page for pages (`page`)."""
-    limit, period = parse_rate(rate)
+    as JSON, or as the error page for pages (`page`). `rate` may be a callable, read at each
+    request (a setting that tests and operators can change)."""
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if methods is not None and request.method not in methods:
                 return view(request, *args, **kwargs)
+            current = rate() if callable(rate) else rate
+            limit, period = parse_rate(current)
             user = getattr(request, "user", None)
             if per_user and user is not None and user.is_authenticated:
                 who = f"user:{user.pk}"
@@ -136,7 +138,7 @@ def ratelimited(
                 who = request.META.get("REMOTE_ADDR") or "-"
             count, retry_after = window_hit(f"{scope}:{who}", period)
             if count > limit:
-                return too_many(request, rate, retry_after, page=page)
+                return too_many(request, current, retry_after, page=page)
             return view(request, *args, **kwargs)
 
         return wrapper
@@ -169,9 +171,7 @@ def scope_allows(*, scope: str, user_pk: object, hits: int = 1) -> tuple[bool, i
     """Count `hits` against the API's scoped limit `scope` (submit, dry_run) for this user, in
     the very window `FixedWindowScopedThrottle` counts, so the web form and the API share one
     budget and an array job counts once per shard. Returns (allowed, seconds to retry)."""
-    from rest_framework.settings import api_settings
-
-    rate = api_settings.DEFAULT_THROTTLE_RATES.get(scope)
+    rate = FixedWindowScopedThrottle.THROTTLE_RATES.get(scope)  # what the API's throttle reads
     if not rate:
         return True, 0
     limit, period = parse_rate(rate)

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 from portal import selectors, services
 from portal.errors import DomainError
 from portal.forms import MemberAddForm, MemberRoleForm, TokenCreateForm
-from portal.models import User
+from portal.models import TokenScope, User
 
 
 def _user(request: HttpRequest) -> User:
@@ -83,7 +83,7 @@ def token_list(request: HttpRequest) -> HttpResponse:
             issued = services.token_create(
                 user=_user(request),
                 name=form.cleaned_data["name"],
-                scope=form.cleaned_data["scope"],
+                scope=form.cleaned_data.get("scope") or TokenScope.FULL,
                 expires_in_days=form.cleaned_data.get("expires_in_days"),
             )
             new_secret = issued.secret
