@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 from rest_framework.request import Request
 from rest_framework.throttling import (
@@ -118,15 +118,15 @@ def ratelimited(
     methods: tuple[str, ...] | None = None,
     per_user: bool = False,
     page: bool = False,
-) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+) -> Callable[[Callable[..., HttpResponseBase]], Callable[..., HttpResponseBase]]:
     """A fixed-window limit for a plain Django view: per client address (or per signed-in user
     with `per_user`), counting only `methods` when given. Over the limit: 429 with Retry-After,
     as JSON, or as the error page for pages (`page`). `rate` may be a callable, read at each
     request (a setting that tests and operators can change)."""
 
-    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    def decorator(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if methods is not None and request.method not in methods:
                 return view(request, *args, **kwargs)
             current = rate() if callable(rate) else rate
