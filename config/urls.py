@@ -7,7 +7,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from monitoring.views import metrics_view
-from portal import views
+from portal import health, views
 from portal.forms import EmailLoginForm
 from portal.ratelimit import ratelimited
 from scheduler import ops_views
@@ -21,6 +21,8 @@ def _login_rate() -> str:
 
 
 urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
     path("", web_views.home, name="home"),
     path(
         "login/",

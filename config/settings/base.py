@@ -34,7 +34,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "portal.clientip.ClientAddressMiddleware",  # first: everything below sees the real client
+    "portal.logs.RequestIdMiddleware",
+    "portal.clientip.ClientAddressMiddleware",  # everything below sees the real client
     "django.middleware.security.SecurityMiddleware",
     "portal.middleware.SecurityHeadersMiddleware",
     "portal.middleware.RequestContextMiddleware",
@@ -235,10 +236,22 @@ CELERY_DB_REUSE_MAX = 1_000_000
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="GPU Cloud <billing@gpucloud.example>")
 
+LOG_FORMAT = env("LOG_FORMAT", default="text")  # "json": one JSON object a line
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"request_id": {"()": "portal.logs.RequestIdFilter"}},
+    "formatters": {
+        "json": {"()": "portal.logs.JsonFormatter"},
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["request_id"],
+            "formatter": "json" if LOG_FORMAT == "json" else "text",
+        }
+    },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

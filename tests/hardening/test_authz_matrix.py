@@ -179,6 +179,10 @@ RULES: dict[str, Rule] = {
     # Prometheus: a metrics token or an allow-listed address, never a session (both unset here).
     "monitoring:metrics": Rule({"get": {r: 403 for r in ROLES}}),
     "metrics": Rule({"get": {r: 403 for r in ROLES}}),
+    # Probes for load balancers: open to every caller, they say only whether the portal is up
+    # and its dependencies answer.
+    "healthz": Rule({"get": {r: 200 for r in ROLES}}),
+    "readyz": Rule({"get": {r: 200 for r in ROLES}}),
     "ops-nodes": Rule({"get": STAFF_PAGE}),
     "ops-node-detail": Rule({"get": STAFF_PAGE}),
     "ops-node-action": Rule(
