@@ -20,7 +20,7 @@ if not urlsplit(REDIS_URL).password:  # noqa: F405
     raise ImproperlyConfigured(
         "REDIS_URL has no password; production Redis must require one (redis://:PASSWORD@host)."
     )
-LOGGING["handlers"]["console"]["formatter"] = env("LOG_FORMAT", default="json")  # noqa: F405
+LOGGING["handlers"]["console"]["formatter"] = env("LOG_FORMAT", default="json")  # type: ignore[index]  # noqa: F405
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # load balancers probe over plain HTTP
 DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
