@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0002_audit_append_only'),
+        ('portal', '0003_quotas_to_scheduler'),
     ]
 
     operations = [
