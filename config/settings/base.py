@@ -52,7 +52,8 @@ MIDDLEWARE = [
     "portal.middleware.DomainErrorMiddleware",
 ]
 
-ROOT_URLCONF = "config.urls"
+# The agent API pool runs with its own URL conf (config/wsgi_agent.py sets it).
+ROOT_URLCONF = env("PORTAL_URLCONF", default="config.urls")
 WSGI_APPLICATION = "config.wsgi.application"
 AUTH_USER_MODEL = "portal.User"
 # Every login path checks the lockout (portal/auth_events.py).

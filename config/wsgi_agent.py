@@ -1,0 +1,12 @@
+"""WSGI entry point of the agent API pool (gunicorn -c deploy/gunicorn_agent.py config.wsgi_agent).
+
+The same settings as the web tier, with the agent-only URL conf (config/urls_agent.py).
+"""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
+os.environ["PORTAL_URLCONF"] = "config.urls_agent"
+application = get_wsgi_application()
