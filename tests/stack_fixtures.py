@@ -110,7 +110,17 @@ def wait_for_registration(names: list[str], timeout: float = 30) -> None:
 class Web:
     """The portal as its own gunicorn process on the test database, so it can be restarted."""
 
-    def __init__(self, log: Path, **env: str) -> None:
+    def __init__(
+        self,
+        log: Path,
+        *,
+        app: str = "config.wsgi",
+        workers: int = 1,
+        threads: int = 4,
+        probe: str = "/login/",
+        **env: str,
+    ) -> None:
+        self.app, self.workers, self.threads, self.probe = app, workers, threads, probe
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -134,13 +144,13 @@ class Web:
                     sys.executable,
                     "-m",
                     "gunicorn",
-                    "config.wsgi",
+                    self.app,
                     "-b",
                     f"127.0.0.1:{self.port}",
                     "-w",
-                    "1",
+                    str(self.workers),
                     "--threads",
-                    "4",
+                    str(self.threads),
                 ],
                 cwd=ROOT,
                 env=self.env,
@@ -151,7 +161,7 @@ class Web:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                requests.get(self.url + "/login/", timeout=1)
+                requests.get(self.url + self.probe, timeout=1)
                 return
             except requests.RequestException:
                 time.sleep(0.2)
