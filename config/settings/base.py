@@ -265,8 +265,12 @@ NODE_LOST_AFTER_SECONDS = env.float("NODE_LOST_AFTER_SECONDS", default=60.0)
 # When more than this fraction of the nodes that should heartbeat (and at least the minimum
 # count) fall silent in the same sweep, the portal suspects itself or the network between, not
 # the nodes: it declares none lost and says so on the nodes page until heartbeats return.
-NODE_LOSS_STORM_FRACTION = env.float("NODE_LOSS_STORM_FRACTION", default=0.5)
-NODE_LOSS_STORM_MIN_NODES = env.int("NODE_LOSS_STORM_MIN_NODES", default=10)
+NODE_EVICTION_RATE = env.float("NODE_EVICTION_RATE", default=0.5)  # nodes/s, a normal pool
+NODE_EVICTION_BURST = env.int("NODE_EVICTION_BURST", default=5)  # declared at once at most
+NODE_EVICTION_SECONDARY_RATE = env.float("NODE_EVICTION_SECONDARY_RATE", default=0.01)
+NODE_EVICTION_UNHEALTHY_THRESHOLD = env.float("NODE_EVICTION_UNHEALTHY_THRESHOLD", default=0.55)
+NODE_EVICTION_MIN_UNHEALTHY = env.int("NODE_EVICTION_MIN_UNHEALTHY", default=3)
+NODE_EVICTION_LARGE_POOL = env.int("NODE_EVICTION_LARGE_POOL", default=50)
 AGENT_POLL_SECONDS = env.float("AGENT_POLL_SECONDS", default=2.0)
 SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)
 

@@ -15,7 +15,7 @@
 from scheduler.nodes.assignments import assignments_for
 from scheduler.nodes.heartbeat import TELEMETRY_TTL_S, node_heartbeat
 from scheduler.nodes.inventory import gpu_model_for_product, node_register
-from scheduler.nodes.loss import LOSS_STORM_KEY, loss_storm, lost_nodes_sweep
+from scheduler.nodes.loss import LOSS_HELD_KEY, loss_storm, lost_nodes_sweep
 from scheduler.nodes.operator import node_set_state
 from scheduler.nodes.reports import (
     ExitReport,
@@ -39,7 +39,7 @@ from scheduler.nodes.tokens import (
 __all__ = [
     "AGENT_TOKEN_PREFIX",
     "AGENT_TOKEN_TTL_S",
-    "LOSS_STORM_KEY",
+    "LOSS_HELD_KEY",
     "TELEMETRY_TTL_S",
     "ExitReport",
     "agent_reports_apply",

@@ -238,7 +238,10 @@ def test_job_that_may_not_restart_fails_when_its_node_is_lost(team, fleet, api):
         format="json",
     )
     run_cycle()
-    Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(seconds=600))
+    Node.objects.update(last_heartbeat_at=timezone.now())
+    Node.objects.filter(name="l1").update(  # the one L4 node, where the job runs, falls silent
+        last_heartbeat_at=timezone.now() - timedelta(seconds=600)
+    )
     lost_nodes_sweep()
     job = Job.objects.get(pk=resp.json()["id"])
     assert job.state == JobState.FAILED and "may not restart" in job.failure_reason
@@ -294,10 +297,10 @@ def test_loss_sweep_holds_off_when_most_of_the_fleet_falls_silent_at_once(
     assert lost_nodes_sweep() == []
     assert not Node.objects.filter(state=Node.State.LOST).exists()
     assert Job.objects.get(pk=running["job"].pk).state == JobState.RUNNING
-    assert loss_storm()["silent"] == 13 and loss_storm()["watched"] == 15
+    assert loss_storm()["held"] == 13 and loss_storm()["watched"] == 15
     client.force_login(make_user(staff=True))
     html = client.get("/ops/nodes/").content.decode()
-    assert "loss sweep held off" in html and "13 of 15 nodes" in html
+    assert "loss sweep held off" in html and "13 of 13 silent nodes" in html
     # heartbeats return except from three nodes: those three really are lost
     Node.objects.exclude(name__in=["h1", "h2", "l1"]).update(last_heartbeat_at=timezone.now())
     silent = set(Node.objects.filter(name__in=["h1", "h2", "l1"]).values_list("pk", flat=True))
@@ -305,3 +308,38 @@ def test_loss_sweep_holds_off_when_most_of_the_fleet_falls_silent_at_once(
     assert loss_storm() is None
     assert Job.objects.get(pk=running["job"].pk).state == JobState.QUEUED
     assert "loss sweep held off" not in client.get("/ops/nodes/").content.decode()
+
+
+def test_a_creeping_loss_stops_being_declared_once_most_of_the_pool_is_unhealthy(fleet):
+    """Nodes fall silent a few at a time: the lost keep counting, so the pool's share of
+    unhealthy nodes grows and the sweep stops declaring (a small pool: no secondary rate)."""
+    from scheduler.models import GpuModel, Pool
+    from scheduler.nodes import loss_storm
+    from scheduler.services import node_register_simulated
+
+    pool = Pool.objects.get(name="default")
+    for i in range(7):
+        node_register_simulated(
+            name=f"c{i}",
+            pool=pool,
+            gpu_model=GpuModel.objects.get(name="L4"),
+            gpu_count=1,
+            cpu_milli=8000,
+            memory_mib=64_000,
+            state="ready",
+        )
+    now = timezone.now()
+    Node.objects.update(last_heartbeat_at=now)  # 10 nodes, all heard
+    long_ago = now - timedelta(seconds=600)
+    first = ["c0", "c1", "c2"]
+    Node.objects.filter(name__in=first).update(last_heartbeat_at=long_ago)
+    assert {Node.objects.get(pk=pk).name for pk in lost_nodes_sweep(now=now)} == set(first)
+    # three more fall silent: 3 lost + 3 silent = 60 % of the pool is unhealthy
+    Node.objects.filter(name__in=["c3", "c4", "c5"]).update(last_heartbeat_at=long_ago)
+    assert lost_nodes_sweep(now=now + timedelta(seconds=10)) == []
+    held = loss_storm()
+    assert held["held"] == 3
+    assert "no longer declared lost automatically" in held["messages"][0]
+    assert set(Node.objects.filter(state=Node.State.LOST).values_list("name", flat=True)) == set(
+        first
+    )
