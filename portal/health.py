@@ -23,8 +23,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 def _database() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+    connection.ensure_connection()
+    if not connection.is_usable():  # a round trip to the server (SELECT 1 on PostgreSQL)
+        raise RuntimeError("the database connection is not usable")
 
 
 def _cache() -> None:
