@@ -108,8 +108,7 @@ class ApiTokenCreateSerializer(StrictSerializer):
         min_value=1,
         max_value=TOKEN_MAX_DAYS,
         required=False,
-        allow_null=True,
-        help_text="Days until the token stops working; omit or null for no expiry.",
+        help_text="Days until the token stops working; omit it for a token that never expires.",
     )
 
 
