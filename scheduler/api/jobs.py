@@ -228,7 +228,7 @@ class ManifestRefusedSerializer(serializers.Serializer):  # type: ignore[type-ar
 
     code = serializers.CharField()
     message = serializers.CharField()
-    fields = serializers.DictField(
+    fields = serializers.DictField(  # type: ignore[assignment]  # DRF pops declared fields
         child=serializers.ListField(child=serializers.CharField()),
         help_text="`manifest`: each refusal as 'field: why'.",
     )
