@@ -45,6 +45,14 @@ class Config:
     log_flush_s: float = 1.0  # ship log output at least this often (and every 16 KiB)
     ca_bundle: str | None = None
     log_level: str = "INFO"
+    # The workload runtime: "container" (Podman; the default) or "process" (demo/development).
+    runtime: str = "container"
+    engine: str = "podman"  # the command that runs Podman (e.g. "sudo -n /usr/bin/podman")
+    default_image: str = ""  # for jobs that name no image
+    job_uid_base: int = 200_000  # jobs run as uid base + job id mod 60000; 0: the agent's uid
+    cpu_milli_per_gpu: int = 4000  # a job's CPU and memory when it asks for none
+    memory_mib_per_gpu: int = 16384
+    pids_limit: int = 4096
 
     DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
     DEFAULT_POLL_INTERVAL_S = 2.0
@@ -85,6 +93,13 @@ class Config:
             default_grace_s=args.default_grace,
             ca_bundle=args.ca_bundle,
             log_level=args.log_level.upper(),
+            runtime=args.runtime,
+            engine=args.engine,
+            default_image=args.default_image,
+            job_uid_base=args.job_uid_base,
+            cpu_milli_per_gpu=args.cpu_milli_per_gpu,
+            memory_mib_per_gpu=args.memory_mib_per_gpu,
+            pids_limit=args.pids_limit,
         )
 
 
@@ -162,5 +177,47 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-level", default=env.get("AGENT_LOG_LEVEL", "INFO"), help="env AGENT_LOG_LEVEL"
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("container", "process"),
+        default=env.get("AGENT_RUNTIME", "container") or "container",
+        help="run jobs in containers (Podman; the default) or, for demos and development "
+        "only, as process groups (env AGENT_RUNTIME)",
+    )
+    p.add_argument(
+        "--engine",
+        default=env.get("AGENT_ENGINE", "podman") or "podman",
+        help="the command that runs Podman, e.g. 'sudo -n /usr/bin/podman' (env AGENT_ENGINE)",
+    )
+    p.add_argument(
+        "--default-image",
+        default=env.get("AGENT_DEFAULT_IMAGE", ""),
+        help="image for jobs that name none (env AGENT_DEFAULT_IMAGE)",
+    )
+    p.add_argument(
+        "--job-uid-base",
+        type=int,
+        default=int(env.get("AGENT_JOB_UID_BASE") or 200_000),
+        help="jobs run as uid BASE + job id mod 60000; 0 keeps the process runtime's jobs on "
+        "the agent's uid (env AGENT_JOB_UID_BASE)",
+    )
+    p.add_argument(
+        "--cpu-milli-per-gpu",
+        type=int,
+        default=int(env.get("AGENT_CPU_MILLI_PER_GPU") or 4000),
+        help="a container's CPU limit per GPU when the job asks for none",
+    )
+    p.add_argument(
+        "--memory-mib-per-gpu",
+        type=int,
+        default=int(env.get("AGENT_MEMORY_MIB_PER_GPU") or 16384),
+        help="a container's memory limit per GPU when the job asks for none",
+    )
+    p.add_argument(
+        "--pids-limit",
+        type=int,
+        default=int(env.get("AGENT_PIDS_LIMIT") or 4096),
+        help="a container's process limit (env AGENT_PIDS_LIMIT)",
     )
     return p

@@ -35,9 +35,12 @@ from agent.runner import (
     AssignmentError,
     Message,
     Runner,
+    agent_source_root,
     signal_group,
     stop_reason_to_exit_reason,
 )
+from agent.runtime import ContainerRuntime, ProcessRuntime, Runtime, engine_available
+from agent.runtime.mps import MpsControl
 
 log = logging.getLogger("agent")
 
@@ -60,6 +63,35 @@ def host_resources() -> tuple[int, int]:
     except (ValueError, OSError, AttributeError):
         memory = 0
     return cpus * 1000, int(memory)
+
+
+class RuntimeUnavailable(SystemExit):
+    """The configured workload runtime cannot run here: the agent does not start."""
+
+
+def build_runtime(config: Config, *, simulated: bool) -> Runtime:
+    """The workload runtime the configuration asks for (the container runtime by default)."""
+    mps = None if simulated else MpsControl()
+    if config.runtime == "process":
+        log.warning("the process runtime is for demos and development: jobs are not contained")
+        return ProcessRuntime(uid_base=config.job_uid_base or None, mps=mps)
+    if not engine_available(config.engine):
+        raise RuntimeUnavailable(
+            f"the container engine ({config.engine}) does not answer: install Podman, or "
+            "choose the process runtime for a demo (AGENT_RUNTIME=process)"
+        )
+    return ContainerRuntime(
+        engine=config.engine,
+        default_image=config.default_image,
+        uid_base=config.job_uid_base or None,
+        cpu_milli_per_gpu=config.cpu_milli_per_gpu,
+        memory_mib_per_gpu=config.memory_mib_per_gpu,
+        pids_limit=config.pids_limit,
+        gpu_devices=not simulated,
+        agent_source=agent_source_root(),
+        node_label=config.hostname,
+        mps=mps,
+    )
 
 
 class Agent:
@@ -88,7 +120,11 @@ class Agent:
             backoff_max_s=config.backoff_max_s,
             ca_bundle=config.ca_bundle,
         )
-        self.runner = runner or Runner(config.workdir, log_flush_s=config.log_flush_s)
+        self.runner = runner or Runner(
+            config.workdir,
+            log_flush_s=config.log_flush_s,
+            runtime=build_runtime(config, simulated=self.backend.simulated),
+        )
         self.node: str | None = None
         self._gpu_uuids: set[str] = set()
         self.heartbeat_interval_s = (

@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import protocol
+from agent.runtime import Launch, LaunchError, ProcessRuntime, Runtime
+from agent.runtime.base import open_parent
+
 log = logging.getLogger(__name__)
 
 # What a stop is reported as, by the portal's stop_reason.
@@ -33,8 +37,13 @@ EXIT_REASON_BY_STOP_REASON: dict[str | None, str] = {
     None: "killed",
 }
 
-# The agent's own secrets never reach a job's environment.
-PRIVATE_ENV = frozenset({"NODE_TOKEN", "NODE_TOKEN_FILE"})
+# A job's environment is an allow-list: these basics, what the job asked for and what the
+# platform sets (agent.protocol.PLATFORM_ENV). Nothing else of the agent's environment (its
+# token, the portal's secrets a launcher may have left in it) reaches a job.
+JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BASE_ENV_KEYS = ("LANG", "LC_ALL", "TZ")
+# Never set from anywhere but the agent itself, whatever the job asks for.
+PRIVATE_ENV = frozenset({"NODE_TOKEN", "NODE_TOKEN_FILE", "PORTAL_URL"})
 # Per-client MPS limits are set per job, never inherited from the agent.
 PER_JOB_CUDA_ENV = frozenset(
     {
@@ -70,6 +79,10 @@ class Assignment:
     checkpoint_dir: str | None = None
     grace_seconds: float = DEFAULT_GRACE_S
     stop_reason: str | None = None
+    image: str = ""
+    time_limit_s: int | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     @property
     def key(self) -> tuple[int, int]:
@@ -91,6 +104,7 @@ class Assignment:
             limit = data.get("gpu_memory_limit_mib")
             grace = data.get("grace_seconds")
             share = data.get("share_milli")
+            time_limit = data.get("time_limit_s")
             return cls(
                 job_id=job_id,
                 attempt=attempt,
@@ -104,6 +118,10 @@ class Assignment:
                 checkpoint_dir=data.get("checkpoint_dir") or None,
                 grace_seconds=float(grace) if grace is not None else default_grace_s,
                 stop_reason=data.get("stop_reason"),
+                image=str(data.get("image") or ""),
+                time_limit_s=int(time_limit) if time_limit else None,
+                cpu_milli=int(data.get("cpu_milli") or 0),
+                memory_mib=int(data.get("memory_mib") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AssignmentError(f"malformed assignment {data!r}: {exc}") from exc
@@ -289,6 +307,8 @@ class Job:
     """One attempt of one job on this node."""
 
     assignment: Assignment
+    launch: Launch | None = None
+    started_at: float | None = None  # the runner's clock, for the time limit
     proc: subprocess.Popen[bytes] | None = None
     pid: int | None = None
     start_ticks: int | None = None
@@ -340,9 +360,17 @@ class Runner:
         clock: Callable[[], float] = time.monotonic,
         shell: str = "/bin/sh",
         job_pythonpath: str | None = agent_source_root(),
+        runtime: Runtime | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.runtime = runtime or ProcessRuntime(shell=shell)
+        # Job uids may pass through (not list) the workdir to their own directories.
+        for path in (self.workdir, self.workdir / "jobs", self.workdir / "checkpoints"):
+            path.mkdir(parents=True, exist_ok=True)
+            open_parent(path)
+        if hasattr(self.runtime, "state_dir"):
+            self.runtime.state_dir = self.workdir / "run"
         self.log_flush_s = log_flush_s
         self.log_chunk_bytes = log_chunk_bytes
         self.max_buffer_bytes = max_buffer_bytes
@@ -407,13 +435,11 @@ class Runner:
         return self._resolve(raw, "checkpoints")
 
     def job_env(self, a: Assignment) -> dict[str, str]:
-        """The job's environment: the agent's (minus its secrets), the portal's, the GPU fence."""
-        env = {
-            k: v
-            for k, v in self.base_env.items()
-            if k not in PRIVATE_ENV and k not in PER_JOB_CUDA_ENV
-        }
-        env.update(a.env)
+        """The job's environment, an allow-list: a few basics, what the job asked for and what
+        the platform sets (its env from the portal), the GPU fence. Nothing of the agent's."""
+        env = {"PATH": JOB_PATH}
+        env.update({k: self.base_env[k] for k in BASE_ENV_KEYS if k in self.base_env})
+        env.update({k: v for k, v in a.env.items() if k not in PRIVATE_ENV})
         if self.job_pythonpath:
             paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
             if self.job_pythonpath not in paths:
@@ -450,22 +476,34 @@ class Runner:
                 checkpoint.mkdir(parents=True, exist_ok=True)
             if not a.command.strip():
                 raise ValueError("the assignment has no command")
+            launch = self.runtime.launch(a, cwd=cwd, checkpoint=checkpoint, env=self.job_env(a))
+            job.launch = launch
+            switch: dict[str, Any] = {}
+            if launch.user is not None:
+                switch = {
+                    "user": launch.user,
+                    "group": launch.group,
+                    "extra_groups": [],
+                    "umask": 0o077,
+                }
             proc = subprocess.Popen(  # noqa: S603 - running the portal's command is the point
-                [self.shell, "-c", a.command],
-                cwd=cwd,
-                env=self.job_env(a),
+                launch.argv,
+                cwd=launch.cwd,
+                env=launch.env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 bufsize=0,
                 start_new_session=True,
                 close_fds=True,
+                **switch,
             )
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        except (OSError, ValueError, subprocess.SubprocessError, LaunchError) as exc:
             log.error("job %d attempt %d failed to start: %s", a.job_id, a.attempt, exc)
             self._queue(job, "exited", self._exit_body(job, "failed_to_start", str(exc)))
             self._retire(job)
             return job
+        job.started_at = self._clock()
         job.proc = proc
         job.pid = proc.pid
         job.start_ticks = process_start_ticks(proc.pid)
@@ -488,7 +526,10 @@ class Runner:
             proc.pid,
             ",".join(a.gpu_uuids) or "none",
         )
-        self._queue(job, "started", {"attempt": a.attempt, "pid": proc.pid})
+        started: protocol.Started = {"attempt": a.attempt, "pid": proc.pid}
+        if launch.image_digest:
+            started["image_digest"] = launch.image_digest
+        self._queue(job, "started", dict(started))
         self._save_state()
         return job
 
@@ -532,7 +573,7 @@ class Runner:
                 grace,
             )
             assert job.pid is not None
-            signal_group(job.pid, signal.SIGTERM)
+            self._signal(job, signal.SIGTERM)
         elif job.kill_at is None or deadline < job.kill_at:
             job.kill_at = deadline
             job.grace_s = grace
@@ -571,11 +612,36 @@ class Runner:
             self._ship_logs(job, force=False)
             if not job.alive and self._streams_done(job, now):
                 self._ship_logs(job, force=True)
-                self._queue(job, "exited", self._final_exit_body(job))
+                body = self._final_exit_body(job)
+                if job.launch is not None:
+                    outcome = self.runtime.outcome(job.launch, job.returncode)
+                    if outcome is not None and job.stop_reason is None:
+                        body = {**body, "reason": outcome.reason, "message": outcome.message}
+                self._queue(job, "exited", body)
                 self._retire(job)
+
+    def _signal(self, job: Job, sig: int) -> bool:
+        assert job.pid is not None
+        if job.launch is None:
+            return signal_group(job.pid, sig)
+        return self.runtime.signal(job.launch, job.pid, sig)
 
     def _advance(self, job: Job, now: float) -> None:
         assert job.proc is not None and job.pid is not None
+        limit = job.assignment.time_limit_s
+        if (
+            limit
+            and job.stop_reason is None
+            and job.returncode is None
+            and job.started_at is not None
+            and now - job.started_at >= limit
+        ):
+            self.stop(
+                job.key,
+                "time_limit",
+                f"time limit: the job ran past its limit of {limit}s",
+                grace_s=min(job.assignment.grace_seconds, 30.0),
+            )
         if job.returncode is None:
             returncode = job.proc.poll()
             if returncode is not None:
@@ -589,7 +655,7 @@ class Runner:
                 )
         if job.kill_at is not None and now >= job.kill_at and not job.kill_sent:
             job.kill_sent = True
-            if signal_group(job.pid, signal.SIGKILL):
+            if self._signal(job, signal.SIGKILL):
                 job.killed_hard = True
                 log.warning(
                     "job %d attempt %d outlived SIGTERM by %gs: SIGKILL",
@@ -607,7 +673,7 @@ class Runner:
             job.leftovers_stopped = True
             job.kill_at = now + LEFTOVER_GRACE_S
             job.grace_s = LEFTOVER_GRACE_S
-            signal_group(job.pid, signal.SIGTERM)
+            self._signal(job, signal.SIGTERM)
         elif job.kill_sent and job.kill_at is not None and now >= job.kill_at + READER_DRAIN_S:
             job.group_gone_at = now  # unkillable (D state) or zombie-only: give up waiting
 
@@ -663,6 +729,8 @@ class Runner:
         self.outbox.append(Message(job.job_id, job.attempt, kind, body))
 
     def _retire(self, job: Job) -> None:
+        if job.launch is not None and not job.finished:
+            self.runtime.cleanup(job.launch)  # nothing of the attempt outlives it
         job.finished = True
         self.jobs.pop(job.key, None)
         self._finished[job.key] = None
@@ -697,7 +765,9 @@ class Runner:
         ]
         tmp = self.state_file.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps({"boot_id": _boot_id(), "groups": records}))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the agent's only
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({"boot_id": _boot_id(), "groups": records}))
             os.replace(tmp, self.state_file)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.state_file, exc)
@@ -706,15 +776,36 @@ class Runner:
         """Stop process groups a previous agent on this host left running (it crashed).
 
         Their pipes died with that agent, so they can be neither watched nor logged: SIGTERM,
-        the grace, SIGKILL. Their exit reports are queued in the outbox (and returned).
+        the grace, SIGKILL (containers: removed). Their exit reports are queued in the outbox
+        (and returned).
         """
+        reports: list[Message] = []
+        for job_id, attempt in self.runtime.leftovers():
+            if (job_id, attempt) in self._finished:
+                continue
+            reports.append(
+                Message(
+                    job_id,
+                    attempt,
+                    "exited",
+                    {
+                        "attempt": attempt,
+                        "exit_code": None,
+                        "signal": None,
+                        "reason": "killed",
+                        "message": "the node agent restarted; the attempt's container was removed",
+                    },
+                )
+            )
+            self._finished[(job_id, attempt)] = None
+        self.outbox.extend(reports)
         try:
             state = json.loads(self.state_file.read_text())
         except (OSError, ValueError):
-            return []
+            return reports
         if state.get("boot_id") != _boot_id():
-            return []  # the host rebooted: nothing of ours survived
-        reports: list[Message] = []
+            return reports  # the host rebooted: no process of ours survived
+        container_reports, reports = reports, []
         groups: list[int] = []
         for record in state.get("groups", []):
             pgid = int(record["pgid"])
@@ -754,7 +845,7 @@ class Runner:
             signal_group(pgid, signal.SIGKILL)
         self.outbox.extend(reports)
         self._save_state()
-        return reports
+        return container_reports + reports
 
 
 def stop_reason_to_exit_reason(stop_reason: str | None) -> str:

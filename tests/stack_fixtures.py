@@ -24,7 +24,9 @@ class Agents:
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, token: str, gpus: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, token: str, gpus: str, **extra: str) -> subprocess.Popen[bytes]:
+        """An agent as a process; the process runtime on the agent's uid unless `extra`
+        (environment variables) says otherwise."""
         env = {
             k: v
             for k, v in os.environ.items()
@@ -40,8 +42,11 @@ class Agents:
             AGENT_HEARTBEAT_INTERVAL="1",
             AGENT_POLL_INTERVAL="0.3",
             AGENT_DEFAULT_GRACE="5",
+            AGENT_RUNTIME="process",
+            AGENT_JOB_UID_BASE="0",
             PYTHONUNBUFFERED="1",
         )
+        env.update(extra)
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             [sys.executable, "-m", "agent"],

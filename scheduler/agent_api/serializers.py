@@ -11,6 +11,7 @@ from typing import Any
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
+from agent.protocol import EXIT_REASONS as PROTOCOL_EXIT_REASONS
 from portal.api.serializers import StrictSerializer
 
 
@@ -84,12 +85,15 @@ class HeartbeatSerializer(StrictSerializer):
     running = RunningSerializer(many=True, max_length=1000)  # type: ignore[call-arg]
 
 
-EXIT_REASONS = ["exited", "killed", "preempted", "cancelled", "failed_to_start"]
+EXIT_REASONS = list(PROTOCOL_EXIT_REASONS)
+DIGEST = r"^[A-Za-z0-9_+.-]{1,32}:[0-9a-fA-F]{32,128}$"
 
 
 class StartedSerializer(StrictSerializer):
     attempt = serializers.IntegerField(min_value=1)
     pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    image_digest = serializers.RegexField(DIGEST, required=False)
+    message = serializers.CharField(max_length=2000, allow_blank=True, default="")
 
 
 class ExitedSerializer(StrictSerializer):
@@ -114,6 +118,7 @@ class SyncStartedReport(StrictSerializer):
     job_id = serializers.IntegerField(min_value=1)
     attempt = serializers.IntegerField(min_value=1)
     pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    image_digest = serializers.RegexField(DIGEST, required=False)
     message = serializers.CharField(max_length=2000, allow_blank=True, default="")
 
 
@@ -146,6 +151,7 @@ class SyncReportSerializer(StrictSerializer):
     job_id = serializers.IntegerField(min_value=1)
     attempt = serializers.IntegerField(min_value=1)
     pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    image_digest = serializers.RegexField(DIGEST, required=False)
     exit_code = serializers.IntegerField(
         min_value=-255, max_value=255, allow_null=True, required=False
     )

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from portal.api.schema import PortalAutoSchema, StrictJSONParser
 from portal.ratelimit import FixedWindowMixin
 from scheduler import dispatch, nodes
-from scheduler.agent_api import fastparse, gate
+from scheduler.agent_api import answers, fastparse, gate
 from scheduler.agent_api.serializers import (
     ExitedSerializer,
     HeartbeatSerializer,
@@ -143,7 +143,7 @@ def _parse(serializer_class: type[serializers.Serializer], request: Request) -> 
 
 
 class RegisterView(AgentView):
-    @extend_schema(request=RegisterSerializer, responses={200: dict})
+    @extend_schema(request=RegisterSerializer, responses={200: answers.RegisterAnswer})
     def post(self, request: Request) -> Response:
         node = nodes.node_register(node=self.node, inventory=_parse(RegisterSerializer, request))
         from django.conf import settings
@@ -158,7 +158,7 @@ class RegisterView(AgentView):
 
 
 class HeartbeatView(AgentView):
-    @extend_schema(request=HeartbeatSerializer, responses={200: dict})
+    @extend_schema(request=HeartbeatSerializer, responses={200: answers.HeartbeatAnswer})
     def post(self, request: Request) -> Response:
         data = fastparse.plain_heartbeat(request.data) or _parse(HeartbeatSerializer, request)
         node = nodes.node_heartbeat(
@@ -170,7 +170,7 @@ class HeartbeatView(AgentView):
 class AssignmentsView(AgentView):
     """The assignments in full (agents before /sync)."""
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: answers.AssignmentsAnswer})
     def get(self, request: Request) -> Response:
         node = self.node
         return Response({"fenced": node.fenced, "assignments": nodes.assignments_for(node)})
@@ -183,7 +183,7 @@ class SyncView(AgentView):
     `{"unchanged": true}` and costs no SQL when there is nothing to report.
     """
 
-    @extend_schema(request=SyncSerializer, responses={200: dict})
+    @extend_schema(request=SyncSerializer, responses={200: answers.SyncAnswer})
     def post(self, request: Request) -> Response:
         data = fastparse.idle_sync(request.data) or _parse(SyncSerializer, request)
         agent: AgentPrincipal = request.user  # type: ignore[assignment]
@@ -218,17 +218,21 @@ class SyncView(AgentView):
 
 
 class JobStartedView(AgentView):
-    @extend_schema(request=StartedSerializer, responses={200: dict})
+    @extend_schema(request=StartedSerializer, responses={200: answers.StateAnswer})
     def post(self, request: Request, job_id: int) -> Response:
         data = _parse(StartedSerializer, request)
         job = nodes.job_started(
-            node=self.node, job_id=job_id, attempt=data["attempt"], pid=data.get("pid")
+            node=self.node,
+            job_id=job_id,
+            attempt=data["attempt"],
+            pid=data.get("pid"),
+            image_digest=data.get("image_digest", ""),
         )
         return Response({"state": job.state})
 
 
 class JobExitedView(AgentView):
-    @extend_schema(request=ExitedSerializer, responses={200: dict})
+    @extend_schema(request=ExitedSerializer, responses={200: answers.StateAnswer})
     def post(self, request: Request, job_id: int) -> Response:
         data = _parse(ExitedSerializer, request)
         report = nodes.ExitReport(
@@ -243,7 +247,9 @@ class JobExitedView(AgentView):
 
 
 class JobLogsView(AgentView):
-    @extend_schema(request=LogSerializer, responses={201: dict, 200: dict})
+    @extend_schema(
+        request=LogSerializer, responses={201: answers.LogsAnswer, 200: answers.LogsAnswer}
+    )
     def post(self, request: Request, job_id: int) -> Response:
         data = _parse(LogSerializer, request)
         new = nodes.job_log_append(node=self.node, job_id=job_id, **data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from agent.protocol import Assignment as AssignmentMessage
 from portal.db import CompiledQuery
 from scheduler.models import Allocation, JobState, Node
 
@@ -30,6 +31,10 @@ class AssignedRow(NamedTuple):
     shard_count: int | None
     working_dir: str
     grace_seconds: int
+    image: str
+    time_limit_s: int | None
+    cpu_milli: int
+    job_memory_mib: int
 
 
 # Compiled once (`CompiledQuery`): every agent reads this whenever its assignments change.
@@ -61,12 +66,16 @@ _ASSIGNED = CompiledQuery(
             "job__shard_count",
             "job__working_dir",
             "job__grace_seconds",
+            "job__image",
+            "job__time_limit_s",
+            "job__cpu_milli",
+            "job__memory_mib",
         )
     )
 )
 
 
-def assignments_for(node: Node) -> list[dict[str, Any]]:
+def assignments_for(node: Node) -> list[AssignmentMessage]:
     """What the node must run or stop: jobs with active allocations on it (one compiled
     query: every agent reads this whenever its assignments change)."""
     if node.fenced:
@@ -75,7 +84,7 @@ def assignments_for(node: Node) -> list[dict[str, Any]]:
     for raw in _ASSIGNED.rows(node_id=node.pk):
         row = AssignedRow._make(raw)
         by_job.setdefault(row.job_id, []).append(row)
-    out = []
+    out: list[AssignmentMessage] = []
     for job_id, rows in by_job.items():
         first = rows[0]
         env = {str(k): str(v) for k, v in first.env.items()}
@@ -101,6 +110,10 @@ def assignments_for(node: Node) -> list[dict[str, Any]]:
                 "working_dir": first.working_dir or None,
                 "checkpoint_dir": first.checkpoint_dir or None,
                 "grace_seconds": first.grace_seconds,
+                "image": first.image,
+                "time_limit_s": first.time_limit_s,
+                "cpu_milli": first.cpu_milli,
+                "memory_mib": first.job_memory_mib,
             }
         )
     return out

@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agent.protocol import FAILURE_TEXT
 from portal.db import AnyOf, CompiledQuery
 from portal.errors import Conflict
 from scheduler.cycle_requests import request_cycle
@@ -36,8 +37,13 @@ def _agent_job(node: Node, job_id: int, attempt: int) -> Job:
 
 
 @transaction.atomic
-def job_started(*, node: Node, job_id: int, attempt: int, pid: int | None) -> Job:
+def job_started(
+    *, node: Node, job_id: int, attempt: int, pid: int | None, image_digest: str = ""
+) -> Job:
     job = _agent_job(node, job_id, attempt)
+    if image_digest and job.image_digest != image_digest:
+        job.image_digest = image_digest
+        job.save(update_fields=["image_digest"])
     if job.state in (JobState.SCHEDULED, JobState.STARTING):
         job_transition(
             job=job,
@@ -113,6 +119,14 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
         update_fields=("started_at",),  # the first start's time; a restart keeps it
         now=now,
     )
+    # The image the container runtime ran, as its digest (a report of a stale attempt: not).
+    digests = {
+        int(r["job_id"]): r["image_digest"]
+        for r, result in zip(reports, results, strict=True)
+        if r.get("image_digest") and "conflict" not in result
+    }
+    for pk, digest in digests.items():
+        Job.objects.filter(pk=pk).exclude(image_digest=digest).update(image_digest=digest)
     for result in results:
         if "conflict" not in result:
             job_id = result["job_id"]
@@ -212,7 +226,13 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
         )
         if report.reason == "failed_to_start":
             what = f"failed to start: {report.message[:200]}"
-        if job.restarts < job.max_restarts and job.state == JobState.RUNNING:
+        # Out of memory and over the time limit are their own reasons, and final: a restart
+        # would run out of the same memory, or past the same limit.
+        limit_hit = FAILURE_TEXT.get(report.reason)
+        if limit_hit:
+            detail = report.message.split(": ", 1)[-1] if report.message else ""
+            what = f"{limit_hit} ({detail[:200]})" if detail else limit_hit
+        if job.restarts < job.max_restarts and job.state == JobState.RUNNING and limit_hit is None:
             job.restarts += 1
             job.resume = bool(job.checkpoint_dir)
             job_transition(
@@ -225,7 +245,7 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
                 update_fields=("exit_code", "restarts", "resume"),
             )
         else:
-            job.failure_reason = f"Failed with {what}"[:500]
+            job.failure_reason = (f"Failed: {what}" if limit_hit else f"Failed with {what}")[:500]
             job_transition(
                 job=job,
                 to=JobState.FAILED,
@@ -234,6 +254,12 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
                 data=data,
                 update_fields=("exit_code", "failure_reason"),
             )
+            if report.reason == "failed_to_start":
+                # It never ran (a missing image...): its allocation ends where it began, so
+                # nothing of it is billed.
+                Allocation.objects.filter(job_id=job.pk, attempt=report.attempt).update(
+                    ended_at=F("started_at")
+                )
     transaction.on_commit(request_cycle)
     return job
 

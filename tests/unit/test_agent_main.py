@@ -223,7 +223,7 @@ def start_agent(tmp_path: Path, portal: FakePortal) -> Iterator[Callable[..., Ru
             log_flush_s=0.1,
             backoff_initial_s=0.05,
             backoff_max_s=0.2,
-            **config,
+            **{"runtime": "process", "job_uid_base": 0, **config},
         )
         r = Running(Agent(cfg))
         running.append(r)
@@ -531,6 +531,7 @@ def test_main_runs_until_sigterm(portal: FakePortal, tmp_path: Path) -> None:
         "NODE_TOKEN": TOKEN,
         "AGENT_WORKDIR": str(tmp_path / "w"),
         "AGENT_SIMULATE": "1",
+        "AGENT_RUNTIME": "process",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
     proc = subprocess.Popen([sys.executable, "-m", "agent"], env=env, stderr=subprocess.PIPE)
@@ -559,6 +560,7 @@ def test_the_pause_between_rounds_keeps_the_poll_interval(tmp_path: Path) -> Non
             poll_interval_s=0.5,
             heartbeat_interval_s=5,
             tick_s=0.2,
+            runtime="process",
         )
     )
     now = time.monotonic()

@@ -1,0 +1,241 @@
+"""The agent↔portal wire contract, defined once (standard library only).
+
+Both sides import this module: the agent builds and reads these messages, the portal's agent
+API (`scheduler/agent_api`) builds the assignments from `Assignment`, checks exit reasons
+against `EXIT_REASONS`, and its serializers are held to these fields by a parity test
+(`tests/scheduler/test_agent_protocol.py`). A field added here and not there (or the other way
+round) fails that test.
+
+Every message is a JSON object; the TypedDicts name its keys. `total=False` parts are optional.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NotRequired, TypedDict
+
+API_PREFIX = "/api/agent/v1"
+
+# -- exits ----------------------------------------------------------------------------------------
+
+# How an attempt ended, as the agent reports it.
+EXIT_REASONS: tuple[str, ...] = (
+    "exited",  # the job's main process ended by itself (exit_code says how)
+    "killed",  # stopped by the agent: not assigned any more, agent shutdown, fence
+    "preempted",  # stopped because the portal preempts it
+    "cancelled",  # stopped because its owner cancelled it
+    "failed_to_start",  # never ran: a missing image, a bad command, no such GPU
+    "oom",  # the kernel's OOM killer ended it: it went over its memory limit
+    "time_limit",  # it ran past its wall-clock time limit and was stopped
+)
+ExitReason = Literal[
+    "exited", "killed", "preempted", "cancelled", "failed_to_start", "oom", "time_limit"
+]
+
+# What the portal shows as a job's failure reason for the reasons that are not an exit code.
+FAILURE_TEXT: dict[str, str] = {
+    "oom": "out of memory",
+    "time_limit": "time limit",
+}
+
+LOG_STREAMS: tuple[str, ...] = ("stdout", "stderr")
+ACTIONS: tuple[str, ...] = ("run", "stop")
+STOP_REASONS: tuple[str, ...] = ("preempt", "cancel")
+
+
+# -- agent → portal -------------------------------------------------------------------------------
+
+
+class GpuInventory(TypedDict):
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    mig_mode: NotRequired[bool]
+
+
+class Register(TypedDict):
+    """POST /register."""
+
+    hostname: str
+    simulated: NotRequired[bool]
+    driver_version: NotRequired[str]
+    cuda_version: NotRequired[str]
+    cpu_milli: NotRequired[int]
+    memory_mib: NotRequired[int]
+    gpus: list[GpuInventory]
+
+
+class RegisterAnswer(TypedDict):
+    node: str
+    heartbeat_interval_s: float
+    poll_interval_s: float
+
+
+class GpuProcess(TypedDict):
+    pid: int
+    used_memory_mib: NotRequired[int | None]
+
+
+class Telemetry(TypedDict):
+    uuid: str
+    utilization: NotRequired[float | None]
+    memory_used_mib: NotRequired[int | None]
+    temperature_c: NotRequired[float | None]
+    power_w: NotRequired[float | None]
+    ecc_uncorrected: NotRequired[int | None]
+    row_remap_pending: NotRequired[bool | None]
+    xid_events: NotRequired[list[int]]
+    throttle_reasons: NotRequired[list[str]]
+    processes: NotRequired[list[GpuProcess]]
+    lost: NotRequired[bool]
+    age_s: NotRequired[float]
+
+
+class Running(TypedDict):
+    job_id: int
+    attempt: int
+    pid: NotRequired[int | None]
+
+
+class Heartbeat(TypedDict):
+    """POST /heartbeat."""
+
+    telemetry: list[Telemetry]
+    running: list[Running]
+
+
+class HeartbeatAnswer(TypedDict):
+    ok: bool
+    fenced: bool
+
+
+class Started(TypedDict):
+    """POST /jobs/<id>/started (and a sync report of kind "started")."""
+
+    attempt: int
+    pid: NotRequired[int | None]
+    image_digest: NotRequired[str]  # the image the container runtime ran (sha256:…)
+    message: NotRequired[str]
+
+
+class Exited(TypedDict):
+    """POST /jobs/<id>/exited (and a sync report of kind "exited")."""
+
+    attempt: int
+    exit_code: int | None
+    signal: NotRequired[int | None]
+    reason: ExitReason
+    message: NotRequired[str]
+
+
+class Logs(TypedDict):
+    """POST /jobs/<id>/logs."""
+
+    attempt: int
+    seq: int
+    stream: Literal["stdout", "stderr"]
+    text: str
+
+
+class StateAnswer(TypedDict):
+    """The answer to started/exited."""
+
+    state: str
+
+
+class LogsAnswer(TypedDict):
+    stored: bool
+
+
+class SyncReport(TypedDict):
+    """One report in a sync: a Started or an Exited with its `kind` and `job_id`."""
+
+    kind: Literal["started", "exited"]
+    job_id: int
+    attempt: int
+    pid: NotRequired[int | None]
+    image_digest: NotRequired[str]
+    exit_code: NotRequired[int | None]
+    signal: NotRequired[int | None]
+    reason: NotRequired[ExitReason]
+    message: NotRequired[str]
+
+
+class Sync(TypedDict):
+    """POST /sync."""
+
+    version: NotRequired[str | None]
+    reports: NotRequired[list[SyncReport]]
+    assignments: NotRequired[bool]
+
+
+# -- portal → agent -------------------------------------------------------------------------------
+
+
+class Assignment(TypedDict):
+    """One entry of the assignments (GET /assignments, POST /sync)."""
+
+    job_id: int
+    attempt: int
+    action: Literal["run", "stop"]
+    stop_reason: str | None
+    command: str
+    # what the job asked for plus what the platform sets: JOB_ID, RESUME, CHECKPOINT_DIR,
+    # SHARD_INDEX/SHARD_COUNT, rendezvous; the agent adds CUDA_VISIBLE_DEVICES
+    env: dict[str, str]
+    gpu_uuids: list[str]
+    share_milli: int
+    gpu_memory_limit_mib: int | None
+    working_dir: str | None
+    checkpoint_dir: str | None
+    grace_seconds: float
+    image: str  # "" : the node's default image
+    time_limit_s: int | None  # wall clock, enforced by the agent
+    cpu_milli: int  # 0: the default per GPU
+    memory_mib: int  # 0: the default per GPU
+
+
+class SyncResult(TypedDict):
+    kind: Literal["started", "exited"]
+    job_id: int
+    attempt: int
+    state: NotRequired[str]
+    conflict: NotRequired[str]
+
+
+class SyncAnswer(TypedDict):
+    unchanged: NotRequired[bool]
+    version: NotRequired[str]
+    fenced: NotRequired[bool]
+    assignments: NotRequired[list[Assignment]]
+    results: list[SyncResult]
+
+
+class AssignmentsAnswer(TypedDict):
+    fenced: bool
+    assignments: list[Assignment]
+
+
+# -- the job's environment ------------------------------------------------------------------------
+
+# What the platform itself may set in a job's environment (besides what the job asked for).
+PLATFORM_ENV: frozenset[str] = frozenset(
+    {
+        "JOB_ID",
+        "RESUME",
+        "CHECKPOINT_DIR",
+        "SHARD_INDEX",
+        "SHARD_COUNT",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "CUDA_MPS_PIPE_DIRECTORY",
+        # rendezvous of a multi-node job, when the portal sets one
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "NODE_RANK",
+    }
+)

@@ -1,0 +1,118 @@
+"""What every workload runtime provides, and the pieces they share."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.runner import Assignment
+
+# Jobs run as uid/gid JOB_UID_BASE + (job id mod JOB_UID_RANGE): never the agent's, never root,
+# and two jobs on one node differ unless their ids are JOB_UID_RANGE apart.
+DEFAULT_JOB_UID_BASE = 200_000
+JOB_UID_RANGE = 60_000
+
+
+def job_uid(job_id: int, base: int = DEFAULT_JOB_UID_BASE) -> int:
+    return base + job_id % JOB_UID_RANGE
+
+
+class LaunchError(Exception):
+    """The attempt cannot start (a missing image, no default image...): `failed_to_start`."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended when the runtime knows better than the exit status."""
+
+    reason: str  # an exit reason of agent.protocol.EXIT_REASONS
+    message: str
+
+
+@dataclass
+class Launch:
+    """What the runner starts for one attempt, and what the runtime must remember of it."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    user: int | None = None  # switch to this uid/gid (the process runtime as root)
+    group: int | None = None
+    image: str = ""
+    image_digest: str = ""
+    container: str = ""  # the container's name (the container runtime)
+    memory_mib: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Runtime:
+    """The interface; `ProcessRuntime` and `ContainerRuntime` implement it."""
+
+    name = "runtime"
+
+    def launch(
+        self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
+    ) -> Launch:
+        raise NotImplementedError
+
+    def signal(self, launch: Launch, pgid: int, sig: int) -> bool:
+        """Send `sig` to everything of the attempt; False when nothing is left."""
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def outcome(self, launch: Launch, returncode: int | None) -> Outcome | None:
+        """After the main process ended: a reason the exit status does not tell (OOM)."""
+        return None
+
+    def cleanup(self, launch: Launch) -> None:
+        """The attempt is over: nothing of it may remain (processes, containers)."""
+
+    def leftovers(self) -> list[tuple[int, int]]:
+        """Stop what a previous agent on this host left running; the (job, attempt)s stopped."""
+        return []
+
+    def describe(self) -> str:
+        return self.name
+
+
+def prepare_dir(path: Path, uid: int | None, *, mode: int = 0o700) -> None:
+    """Create a job's directory, owned by the job's uid and closed to every other job."""
+    path.mkdir(parents=True, exist_ok=True)
+    if uid is not None:
+        os.chown(path, uid, uid)
+        os.chmod(path, mode)
+
+
+def open_parent(path: Path) -> None:
+    """Let job uids traverse (not list) a directory above their own dirs."""
+    with contextlib.suppress(OSError):
+        os.chmod(path, (path.stat().st_mode & 0o7777 & ~0o077) | 0o011)  # noqa: S103 - x only
+
+
+def kill_uid(uid: int, sig: int = signal.SIGKILL) -> int:
+    """Signal every process owned by `uid` (a job's own uid): what left its process group
+    (`setsid`) cannot outlive the job. The number signalled."""
+    if uid == 0 or uid == os.getuid():
+        return 0  # never the agent's own processes
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            owner = entry.stat().st_uid
+        except OSError:
+            continue
+        if owner != uid:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(entry.name), sig)
+            count += 1
+    return count

@@ -1,0 +1,356 @@
+"""The container runtime: each attempt in an OCI container through Podman.
+
+One attempt is one container (`gpucloud-job-<job>-<attempt>`), and so one cgroup and one pid
+namespace: `podman kill` reaches every process in it, and when the job's main process ends the
+kernel ends everything else in the namespace (a `setsid` child cannot escape). What it gets:
+
+- the job's image, never pulled at start (`--pull=never`: warm nodes keep the curated images);
+  a missing image fails the attempt at once, naming it; the digest it ran is reported;
+- its own uid (`--user`, see `job_uid`), no capabilities, `no-new-privileges`;
+- CPU, memory (no swap on top) and pids limits from the job, else defaults per GPU. On a
+  cgroup v1 host (with root) the memory limit is set on a parent cgroup the agent creates per
+  attempt (`--cgroup-parent=gpucloud/<name>`): the container's own cgroup is gone by the time its
+  exit is seen, and Podman 4.3 does not notice a v1 OOM kill (`OOMKilled` stays false), so the
+  parent's peak usage at the limit together with a SIGKILL is what says "out of memory";
+  elsewhere `--memory` and Podman's `OOMKilled`;
+- explicit `--ulimit` values within the agent's own hard limits (Podman's defaults can exceed
+  them and then the container does not start);
+- `--network none`: no interface but its own loopback, so the management plane on the host's
+  loopback (Redis, PostgreSQL, the agent API) and the rest of the network are out of reach;
+- GPUs through NVIDIA's CDI (`--device nvidia.com/gpu=<uuid>`) on a real host; none on a
+  simulated one;
+- its working directory at /workspace and its checkpoint directory at /checkpoint (bind
+  mounts owned by its uid); the agent's source, read-only, for the demo workload.
+
+Podman runs as root (`--runtime runc`): rootless Podman on a cgroup v1 host (such as the test VM)
+cannot apply cgroup limits at all, and crun refuses the hybrid layout. Where the agent runs as
+its own user, `AGENT_ENGINE` names a command that runs Podman as root for it (for example a sudo
+rule for exactly `/usr/bin/podman`); see deploy/gpu-agent.service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.runtime.base import Launch, LaunchError, Outcome, Runtime, job_uid, prepare_dir
+from agent.runtime.mps import MpsControl
+
+if TYPE_CHECKING:
+    from agent.runner import Assignment
+
+log = logging.getLogger(__name__)
+
+NAME_PREFIX = "gpucloud-job-"
+LABEL = "org.gpucloud.agent"
+WORKSPACE = "/workspace"
+CHECKPOINT = "/checkpoint"
+AGENT_SOURCE = "/opt/gpucloud"
+EXIT_OOM = 137  # 128 + SIGKILL: how a container whose process the OOM killer ended exits
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PARENT = "gpucloud"
+
+
+def engine_available(engine: str = "podman") -> bool:
+    """Podman answers here (the agent's choice between the runtimes, and `make run`'s)."""
+    argv = shlex.split(engine)
+    if not argv or shutil.which(argv[-1] if argv[0] == "sudo" else argv[0]) is None:
+        return False
+    try:
+        done = subprocess.run(  # noqa: S603 - the configured engine
+            [*argv, "version", "--format", "{{.Client.Version}}"],
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def engine_env() -> dict[str, str]:
+    """Podman's own environment: the agent's basics, nothing of the job's or its secrets."""
+    keep = ("PATH", "LANG", "HOME", "TMPDIR", "XDG_RUNTIME_DIR", "CONTAINERS_CONF")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return env
+
+
+def _ulimit(name: str, which: int, want: int) -> str:
+    _soft, hard = resource.getrlimit(which)
+    value = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    return f"{name}={value}:{value}"
+
+
+class ContainerRuntime(Runtime):
+    name = "container"
+
+    def __init__(
+        self,
+        *,
+        engine: str = "podman",
+        oci_runtime: str = "runc",
+        default_image: str = "",
+        uid_base: int | None = None,
+        cpu_milli_per_gpu: int = 4000,
+        memory_mib_per_gpu: int = 16384,
+        pids_limit: int = 4096,
+        gpu_devices: bool = False,
+        agent_source: str | None = None,
+        node_label: str = "",
+        mps: MpsControl | None = None,
+    ) -> None:
+        self.engine = shlex.split(engine)
+        self.oci_runtime = oci_runtime
+        self.default_image = default_image
+        self.uid_base = uid_base if uid_base is not None else 200_000
+        self.cpu_milli_per_gpu = cpu_milli_per_gpu
+        self.memory_mib_per_gpu = memory_mib_per_gpu
+        self.pids_limit = pids_limit
+        self.gpu_devices = gpu_devices
+        self.agent_source = agent_source
+        self.node_label = node_label or "agent"
+        self.mps = mps
+        self.state_dir: Path | None = None  # the runner sets it: where env files are written
+        self.cgroup_root = CGROUP_ROOT
+        self.ulimits = [
+            _ulimit("nofile", resource.RLIMIT_NOFILE, 65536),
+            _ulimit("nproc", resource.RLIMIT_NPROC, pids_limit),  # per uid: one job
+        ]
+
+    def describe(self) -> str:
+        return f"container ({' '.join(self.engine)} --runtime {self.oci_runtime})"
+
+    # -- memory cgroup (v1) --------------------------------------------------------------------
+
+    def _memory_parent(self, name: str) -> Path:
+        return self.cgroup_root / "memory" / CGROUP_PARENT / name
+
+    def _limit_parent(self, name: str, memory_mib: int) -> bool:
+        """Create the attempt's parent memory cgroup with its limit (cgroup v1, root)."""
+        if (self.cgroup_root / "cgroup.controllers").exists():
+            return False  # cgroup v2: --memory, and Podman sees the OOM kill there
+        path = self._memory_parent(name)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            limit = str(memory_mib * 1024 * 1024)
+            (path / "memory.limit_in_bytes").write_text(limit)
+            swap = path / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                swap.write_text(limit)
+        except OSError as exc:
+            log.debug("no parent memory cgroup for %s (%s): --memory instead", name, exc)
+            self._remove_parent(name)
+            return False
+        return True
+
+    def _remove_parent(self, name: str) -> None:
+        for controller in self.cgroup_root.glob(f"*/{CGROUP_PARENT}/{name}"):
+            for sub in sorted(controller.glob("**/"), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+
+    # -- podman --------------------------------------------------------------------------------
+
+    def _podman(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(  # noqa: S603 - the configured engine, our own arguments
+            [*self.engine, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def image_digest(self, image: str) -> str:
+        """The digest of a local image (its id where it has no registry digest); LaunchError
+        naming it when the node does not have it."""
+        try:
+            done = self._podman("image", "inspect", "--format", "{{.Digest}} {{.Id}}", image)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LaunchError(f"the container engine did not answer: {exc}") from exc
+        if done.returncode != 0:
+            raise LaunchError(
+                f"image {image!r} not found on this node (images are not pulled at start)"
+            )
+        digest, _, image_id = done.stdout.strip().partition(" ")
+        if digest.startswith("sha256:") and digest != "sha256:":
+            return digest
+        return f"sha256:{image_id}" if image_id and ":" not in image_id else image_id
+
+    @staticmethod
+    def container_name(job_id: int, attempt: int) -> str:
+        return f"{NAME_PREFIX}{job_id}-{attempt}"
+
+    # -- the interface -------------------------------------------------------------------------
+
+    def limits(self, a: Assignment) -> tuple[int, int]:
+        """(cpu_milli, memory_mib): the job's, else the defaults per GPU (one for no GPU)."""
+        units = max(1, len(a.gpu_uuids))
+        cpu = a.cpu_milli or self.cpu_milli_per_gpu * units
+        memory = a.memory_mib or self.memory_mib_per_gpu * units
+        return cpu, memory
+
+    def launch(
+        self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
+    ) -> Launch:
+        image = a.image or self.default_image
+        if not image:
+            raise LaunchError("the job names no image and this node has no default image")
+        digest = self.image_digest(image)
+        uid = job_uid(a.job_id, self.uid_base)
+        prepare_dir(cwd, uid)
+        name = self.container_name(a.job_id, a.attempt)
+        self._podman("rm", "--force", "--time", "0", name)  # a leftover of the same attempt
+        cpu_milli, memory_mib = self.limits(a)
+        env = {**env, "HOME": WORKSPACE}
+        argv = [
+            *self.engine,
+            "--runtime",
+            self.oci_runtime,
+            "run",
+            "--name",
+            name,
+            "--label",
+            f"{LABEL}={self.node_label}",
+            "--pull=never",
+            "--init",
+            "--network=none",
+            f"--user={uid}:{uid}",
+            "--cap-drop=all",
+            "--security-opt=no-new-privileges",
+            f"--cpus={cpu_milli / 1000:g}",
+            f"--pids-limit={self.pids_limit}",
+            *(f"--ulimit={u}" for u in self.ulimits),
+            "--volume",
+            f"{cwd}:{WORKSPACE}:rw",
+            "--workdir",
+            WORKSPACE,
+        ]
+        if self._limit_parent(name, memory_mib):
+            argv += [f"--cgroup-parent=/{CGROUP_PARENT}/{name}"]
+            limit = "parent"
+        else:
+            argv += [f"--memory={memory_mib}m", f"--memory-swap={memory_mib}m"]
+            limit = "container"
+        if checkpoint is not None:
+            prepare_dir(checkpoint, uid)
+            argv += ["--volume", f"{checkpoint}:{CHECKPOINT}:rw"]
+            env["CHECKPOINT_DIR"] = CHECKPOINT
+        if self.agent_source:
+            argv += ["--volume", f"{self.agent_source}/agent:{AGENT_SOURCE}/agent:ro"]
+            env["PYTHONPATH"] = AGENT_SOURCE
+        if self.gpu_devices:
+            argv += [f"--device=nvidia.com/gpu={u}" for u in a.gpu_uuids]
+            if self.mps is not None and a.gpu_uuids and a.share_milli < 1000:
+                self.mps.limit(a.gpu_uuids, a.share_milli, a.gpu_memory_limit_mib)
+        # The job's environment goes in a file only the agent reads (argv is visible in ps),
+        # never into Podman's own environment (LD_PRELOAD there would run as root).
+        env_file = self._env_file(name, env)
+        argv += ["--env-file", str(env_file)]
+        argv += [f"--env={k}={v}" for k, v in sorted(env.items()) if "\n" in v or "\r" in v]
+        argv += [image, "/bin/sh", "-c", a.command]
+        return Launch(
+            argv=argv,
+            env=engine_env(),
+            cwd=cwd,
+            image=image,
+            image_digest=digest,
+            container=name,
+            memory_mib=memory_mib,
+            extra={"env_file": str(env_file), "memory_limit": limit},
+        )
+
+    def _env_file(self, name: str, env: dict[str, str]) -> Path:
+        directory = self.state_dir or Path(tempfile.gettempdir())
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = directory / f"{name}.env"
+        lines = [f"{k}={v}\n" for k, v in sorted(env.items()) if "\n" not in v and "\r" not in v]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(lines)
+        return path
+
+    def signal(self, launch: Launch, pgid: int, sig: int) -> bool:
+        try:
+            done = self._podman("kill", "--signal", str(int(sig)), launch.container)
+        except (OSError, subprocess.TimeoutExpired):
+            done = None
+        alive = done is not None and done.returncode == 0
+        if alive and sig != signal.SIGKILL:
+            return True  # podman run ends with the container and reports its status
+        # Before the container exists the signal goes to podman run, which then does not
+        # create it; a SIGKILL goes to both (podman run cannot forward that one).
+        return super().signal(launch, pgid, sig) or alive
+
+    def outcome(self, launch: Launch, returncode: int | None) -> Outcome | None:
+        oom = Outcome(
+            "oom", f"out of memory: the job went over its memory limit of {launch.memory_mib} MiB"
+        )
+        if launch.extra.get("memory_limit") == "parent":
+            if returncode not in (EXIT_OOM, -9):
+                return None
+            parent = self._memory_parent(launch.container)
+            for name in ("memory.memsw.max_usage_in_bytes", "memory.max_usage_in_bytes"):
+                try:
+                    peak = int((parent / name).read_text())
+                except (OSError, ValueError):
+                    continue
+                if peak >= launch.memory_mib * 1024 * 1024:
+                    return oom
+            return None
+        try:
+            done = self._podman(
+                "inspect", "--format", "{{.State.OOMKilled}} {{.State.ExitCode}}", launch.container
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        killed, _, _code = done.stdout.strip().partition(" ")
+        if done.returncode == 0 and killed == "true":
+            return oom
+        return None
+
+    def cleanup(self, launch: Launch) -> None:
+        with contextlib.suppress(OSError, KeyError):
+            os.unlink(launch.extra["env_file"])
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            done = self._podman("rm", "--force", "--time", "0", launch.container)
+            if done.returncode != 0 and "no such container" not in done.stderr.lower():
+                log.warning("podman rm %s: %s", launch.container, done.stderr.strip())
+        self._remove_parent(launch.container)
+
+    def leftovers(self) -> list[tuple[int, int]]:
+        try:
+            done = self._podman(
+                "ps",
+                "--all",
+                "--filter",
+                f"label={LABEL}={self.node_label}",
+                "--format",
+                "{{.Names}}",
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        found: list[tuple[int, int]] = []
+        for name in done.stdout.split():
+            if not name.startswith(NAME_PREFIX):
+                continue
+            try:
+                job_id, attempt = (int(x) for x in name[len(NAME_PREFIX) :].split("-", 1))
+            except ValueError:
+                continue
+            log.warning("removing container %s left behind by a previous agent", name)
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                self._podman("rm", "--force", "--time", "10", name, timeout=60)
+            self._remove_parent(name)
+            found.append((job_id, attempt))
+        return found

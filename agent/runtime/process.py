@@ -1,0 +1,77 @@
+"""The process runtime (demo and development): the job as a process group of its own uid.
+
+Chosen only explicitly (`AGENT_RUNTIME=process`). What fences the job here:
+
+- its environment is the runner's allow-list (nothing of the agent's);
+- when the agent runs as root, the job runs as a uid of its own (`job_uid`), with no
+  supplementary groups and umask 077: it cannot read the agent's token file or state file
+  (0600, the agent's), `/proc/<agent>/environ` or memory, another job's directories (0700, that
+  job's uid), nor signal the agent (another uid);
+- every process of that uid is killed when the attempt ends, so a `setsid` child that left the
+  process group does not outlive the job.
+
+Without the privilege to switch uids (an unprivileged agent) the job runs as the agent's own
+uid: it keeps the scrubbed environment and its process group, but it can read what the agent
+can read and signal it. The agent says so in its log at start; use the container runtime there.
+The process runtime sets no memory, CPU or network limits: that is the container runtime's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.runtime.base import Launch, Runtime, job_uid, kill_uid, prepare_dir
+from agent.runtime.mps import MpsControl
+
+if TYPE_CHECKING:
+    from agent.runner import Assignment
+
+log = logging.getLogger(__name__)
+
+
+class ProcessRuntime(Runtime):
+    name = "process"
+
+    def __init__(
+        self,
+        *,
+        uid_base: int | None = None,
+        shell: str = "/bin/sh",
+        mps: MpsControl | None = None,
+    ) -> None:
+        # Switch uids only when asked to and allowed to.
+        self.uid_base = uid_base if uid_base and os.geteuid() == 0 else None
+        if uid_base and self.uid_base is None:
+            log.warning(
+                "the process runtime cannot run jobs as other uids (the agent is not root): "
+                "jobs run as the agent's own uid and can read what it reads"
+            )
+        self.shell = shell
+        self.mps = mps
+
+    def describe(self) -> str:
+        if self.uid_base is None:
+            return "process (jobs run as the agent's uid)"
+        return f"process (jobs run as uid {self.uid_base}+)"
+
+    def launch(
+        self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
+    ) -> Launch:
+        uid = job_uid(a.job_id, self.uid_base) if self.uid_base is not None else None
+        prepare_dir(cwd, uid)
+        if checkpoint is not None:
+            prepare_dir(checkpoint, uid)
+        if self.mps is not None and a.gpu_uuids and a.share_milli < 1000:
+            self.mps.limit(a.gpu_uuids, a.share_milli, a.gpu_memory_limit_mib)
+        if uid is not None:
+            env = {**env, "HOME": str(cwd)}
+        return Launch(argv=[self.shell, "-c", a.command], env=env, cwd=cwd, user=uid, group=uid)
+
+    def cleanup(self, launch: Launch) -> None:
+        if launch.user is not None:
+            killed = kill_uid(launch.user)
+            if killed:
+                log.warning("killed %d leftover process(es) of uid %d", killed, launch.user)
