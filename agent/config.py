@@ -69,8 +69,14 @@ class Config:
         if args.token_file:
             try:
                 token = Path(args.token_file).read_text().strip()
+                mode = Path(args.token_file).stat().st_mode & 0o777
             except OSError as exc:
                 parser.error(f"cannot read the token file: {exc}")
+            if mode & 0o077:
+                parser.error(
+                    f"the token file {args.token_file} is readable by others (mode "
+                    f"{mode:04o}): it must be the agent user's alone (chmod 600)"
+                )
         if not args.portal_url:
             parser.error("PORTAL_URL (or --portal-url) is required")
         if not token:

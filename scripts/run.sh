@@ -20,6 +20,20 @@ stop() {
 }
 trap stop EXIT INT TERM
 
+# The workload runtime: containers when Podman is here (the job image is built once, then
+# cached under var/images), else the process runtime (jobs as their own uid when root).
+RUNTIME_TEST_IMAGE=""
+if command -v podman >/dev/null 2>&1; then
+  source scripts/test-containers.sh
+fi
+if [ -n "$RUNTIME_TEST_IMAGE" ]; then
+  export AGENT_RUNTIME=container AGENT_DEFAULT_IMAGE="$RUNTIME_TEST_IMAGE"
+  RUNTIME_BANNER="containers (Podman, image $RUNTIME_TEST_IMAGE)"
+else
+  export AGENT_RUNTIME=process
+  RUNTIME_BANNER="processes (no container engine here: demo isolation only)"
+fi
+
 "$PY" manage.py runserver "127.0.0.1:${PORT}" --noreload >var/log/web.log 2>&1 &
 pids+=($!)
 "$CELERY" -A config worker -Q scheduler,default,provisioning,telemetry,billing \
@@ -45,6 +59,7 @@ cat <<MSG
   GPU Cloud portal   http://127.0.0.1:${PORT}/
   API docs           http://127.0.0.1:${PORT}/api/docs/
   Logs               var/log/ (web, worker, beat, one per simulated agent)
+  Jobs run as        ${RUNTIME_BANNER}
 
   Log in as researcher@gpucloud.example / researcher-demo-pass (or the operator above).
   Try a demo job: command  python3 -m agent.workload --seconds 60  with a checkpoint dir.

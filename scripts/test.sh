@@ -69,6 +69,7 @@ if [ -z "${CHROMIUM_PATH:-}" ]; then
 fi
 
 . scripts/test-slurm.sh "$TMP"  # a throwaway Slurm cluster for tests/slurm (or the reason it skips)
+source scripts/test-containers.sh  # Podman, runc and the job image for the container tests
 export DJANGO_SETTINGS_MODULE=config.settings.test
 # tests/embedded is a second lane: the embedded default's fallbacks (SQLite, file cache, no
 # Redis) under config.settings.embedded_test. It runs after the main suite when no test path

@@ -499,6 +499,7 @@ def test_a_rejected_token_is_logged_clearly_and_never_printed(
 def test_config_from_env_and_flags(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
     env = {
         "PORTAL_URL": "https://portal.example",
         "NODE_TOKEN": "from-env",
