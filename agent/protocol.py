@@ -9,8 +9,8 @@ round) fails that test.
 Every message is a JSON object; the TypedDicts name its keys. `total=False` parts are optional.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: TypedDict must see NotRequired[...] itself
+# (string annotations make every key required on Python 3.11).
 from typing import Literal, NotRequired, TypedDict
 
 API_PREFIX = "/api/agent/v1"

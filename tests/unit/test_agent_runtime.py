@@ -1,0 +1,243 @@
+"""The workload runtimes with real processes (and the real Podman where it is installed): the
+job's environment is an allow-list, the process runtime runs a job as a uid of its own and
+leaves nothing of it behind, the wall-time limit is enforced, MPS limits go to the control
+daemon, the container's flags fence it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import Config
+from agent.runner import Assignment, Runner, agent_source_root
+from agent.runtime import ContainerRuntime, LaunchError, ProcessRuntime, job_uid
+from agent.runtime.mps import MpsControl, MpsError
+
+IMAGE = os.environ.get("RUNTIME_TEST_IMAGE", "")
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+AGENT_SECRETS = {
+    "NODE_TOKEN": "node-token-secret",
+    "STRIPE_SECRET_KEY": "sk_test_secret",
+    "EMAIL_HOST_PASSWORD": "mail-secret",
+    "METRICS_TOKEN": "metrics-secret",
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "DATABASE_URL": "postgres://postgres@127.0.0.1/portal",
+}
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
+needs_engine = pytest.mark.skipif(
+    not IMAGE,
+    reason=os.environ.get("RUNTIME_TEST_SKIP") or "no job image (run through scripts/test.sh)",
+)
+
+
+def wait_for(predicate: Callable[[], bool], runner: Runner, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        runner.poll()
+        time.sleep(0.02)
+
+
+def assignment(job_id: int = 1, command: str = "true", **kw: Any) -> Assignment:
+    return Assignment.from_dict(
+        {"job_id": job_id, "attempt": 1, "action": "run", "command": command, **kw}
+    )
+
+
+def exits(runner: Runner) -> dict[int, dict[str, Any]]:
+    return {m.job_id: m.body for m in runner.outbox if m.kind == "exited"}
+
+
+def output(runner: Runner, job_id: int) -> str:
+    return "".join(m.body["text"] for m in runner.outbox if m.kind == "logs" and m.job_id == job_id)
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A workdir job uids can reach (pytest's tmp_path sits under a 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix="agent-runtime-"))
+    path.chmod(0o711)
+    yield path / "work"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_runner(workdir: Path, runtime: Any, **kw: Any) -> Runner:
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **AGENT_SECRETS}
+    return Runner(workdir, base_env=env, runtime=runtime, log_flush_s=0.05, **kw)
+
+
+def test_the_jobs_environment_is_an_allow_list(workdir: Path) -> None:
+    runner = make_runner(workdir, ProcessRuntime())
+    a = assignment(
+        command="env",
+        env={"MY_VAR": "mine", "JOB_ID": "1", "NODE_TOKEN": "forged", "PORTAL_URL": "x"},
+        gpu_uuids=[UUID],
+    )
+    env = runner.job_env(a)
+    assert set(env) == {"PATH", "LANG", "MY_VAR", "JOB_ID", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"}
+    assert not set(env.values()) & set(AGENT_SECRETS.values())
+    runner.start(a)
+    wait_for(lambda: 1 in exits(runner), runner)
+    text = output(runner, 1)
+    assert "MY_VAR=mine" in text and f"CUDA_VISIBLE_DEVICES={UUID}" in text
+    for name, value in AGENT_SECRETS.items():
+        assert name not in text and value not in text
+
+
+@needs_root
+def test_the_process_runtime_fences_a_job_in_a_uid_of_its_own(workdir: Path) -> None:
+    runtime = ProcessRuntime(uid_base=200_000)
+    runner = make_runner(workdir, runtime)
+    token = workdir / "token"
+    token.write_text("node-token-secret")
+    token.chmod(0o600)
+    victim_dir = workdir / "jobs" / "7"
+    runner.start(assignment(7, "echo victim > secret.txt; sleep 30"))
+    wait_for(lambda: (victim_dir / "secret.txt").exists(), runner)
+    attack = (
+        f"id -u; cat {token} && echo GOT-TOKEN; cat /proc/{os.getpid()}/environ && echo GOT-ENV; "
+        f"cat {victim_dir}/secret.txt && echo GOT-VICTIM; kill -STOP {os.getpid()} && echo GOT-SIG; "
+        "setsid sh -c 'sleep 60' </dev/null >/dev/null 2>&1 & echo done"
+    )
+    runner.start(assignment(8, attack))
+    wait_for(lambda: 8 in exits(runner), runner)
+    text = output(runner, 8)
+    assert text.splitlines()[0] == str(job_uid(8, 200_000))
+    assert "GOT-" not in text and "done" in text
+    assert stat.S_IMODE(victim_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((workdir / "agent-state.json").stat().st_mode) == 0o600
+    # The setsid child left the process group; the job's uid is swept when the job ends.
+    uid = job_uid(8, 200_000)
+    deadline = time.monotonic() + 5
+    while _live_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # SIGKILLed; the kernel may take a moment
+    assert not _live_of(uid)
+    runner.stop_all("killed", "test over", grace_s=0)
+    wait_for(lambda: 7 in exits(runner), runner)
+
+
+def _live_of(uid: int) -> list[int]:
+    """Processes of `uid` that are not zombies."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            state = (
+                (p / "stat").read_text().rsplit(")", 1)[1].split()[0] if p.name.isdigit() else ""
+            )
+            if state and p.stat().st_uid == uid and state not in ("Z", "X"):
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_job_past_its_time_limit_is_stopped_as_time_limit(workdir: Path) -> None:
+    runner = make_runner(workdir, ProcessRuntime())
+    runner.start(assignment(3, "sleep 30", time_limit_s=1, grace_seconds=5))
+    started = time.monotonic()
+    wait_for(lambda: 3 in exits(runner), runner)
+    assert time.monotonic() - started < 10
+    body = exits(runner)[3]
+    assert body["reason"] == "time_limit" and "limit of 1s" in body["message"]
+
+
+def test_mps_limits_go_to_the_control_daemon(tmp_path: Path, workdir: Path) -> None:
+    got = tmp_path / "mps-commands"
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(f"#!/bin/sh\ncat >> {got}\n")
+    control.chmod(0o755)
+    runner = make_runner(workdir, ProcessRuntime(mps=MpsControl(control=str(control))))
+    runner.start(
+        assignment(4, "true", gpu_uuids=[UUID], share_milli=250, gpu_memory_limit_mib=8192)
+    )
+    wait_for(lambda: 4 in exits(runner), runner)
+    assert got.read_text().splitlines() == [
+        "set_default_active_thread_percentage 25",
+        f"set_default_device_pinned_mem_limit {UUID} 8192M",
+    ]
+    assert exits(runner)[4]["reason"] == "exited"
+    # A daemon that refuses: the job does not start without its limits.
+    control.write_text("#!/bin/sh\necho 'error: no MPS server' >&2; exit 1\n")
+    refused = MpsControl(control=str(control))
+    with pytest.raises(MpsError):
+        refused.limit([UUID], 500, None)
+    assert issubclass(MpsError, LaunchError)
+
+
+def test_the_agent_refuses_a_token_file_others_can_read(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    token.chmod(0o644)
+    env = {"PORTAL_URL": "http://x", "AGENT_WORKDIR": str(tmp_path)}
+    with pytest.raises(SystemExit):
+        Config.from_args(["--token-file", str(token)], env)
+    token.chmod(0o600)
+    assert Config.from_args(["--token-file", str(token)], env).token == "t"
+    assert Config.from_args(["--token-file", str(token)], env).runtime == "container"
+
+
+# -- the container runtime on the real engine -----------------------------------------------------
+
+
+@pytest.fixture
+def containers(workdir: Path) -> Iterator[Runner]:
+    runtime = ContainerRuntime(
+        default_image=IMAGE, agent_source=agent_source_root(), node_label="unit-test"
+    )
+    runner = make_runner(workdir, runtime)
+    yield runner
+    runner.stop_all("killed", "test over", grace_s=0)
+    runner.wait_all(20)
+
+
+@needs_engine
+def test_a_container_job_is_fenced_by_its_flags(containers: Runner) -> None:
+    runtime = containers.runtime
+    assert isinstance(runtime, ContainerRuntime)
+    runtime.gpu_devices = True  # as on a real GPU host: the launch only builds the command
+    a = assignment(5, "true", env={"SECRET": "s3cr3t"}, gpu_uuids=[UUID], memory_mib=256)
+    job_dir = containers.working_dir(a)
+    launch = runtime.launch(a, cwd=job_dir, checkpoint=None, env=containers.job_env(a))
+    try:
+        argv = launch.argv
+        for flag in ("--network=none", "--cap-drop=all", "--security-opt=no-new-privileges"):
+            assert flag in argv
+        assert f"--user={job_uid(5)}:{job_uid(5)}" in argv
+        assert f"--device=nvidia.com/gpu={UUID}" in argv
+        assert "--pids-limit=4096" in argv and "--pull=never" in argv
+        assert not any("s3cr3t" in arg for arg in argv)  # env values are not in ps
+        env_file = Path(launch.extra["env_file"])
+        assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+        assert "SECRET=s3cr3t" in env_file.read_text()
+        assert not set(launch.env) & {"SECRET", *AGENT_SECRETS}  # Podman's own env
+        assert launch.image_digest.startswith("sha256:")
+    finally:
+        runtime.cleanup(launch)
+    assert not env_file.exists()
+
+
+@needs_engine
+def test_a_container_past_its_time_limit_ends_as_time_limit(containers: Runner) -> None:
+    containers.start(assignment(6, "echo up; sleep 60", time_limit_s=1, grace_seconds=2))
+    wait_for(lambda: 6 in exits(containers), containers, timeout=30)
+    assert exits(containers)[6]["reason"] == "time_limit"
+    assert "up" in output(containers, 6)
+
+
+@needs_engine
+def test_a_container_job_with_a_missing_image_fails_to_start_naming_it(
+    containers: Runner,
+) -> None:
+    containers.start(assignment(9, "true", image="localhost/absent:0"))
+    body = exits(containers)[9]  # at once: nothing was started
+    assert body["reason"] == "failed_to_start" and "localhost/absent:0" in body["message"]
+    assert not [m for m in containers.outbox if m.kind == "started"]
