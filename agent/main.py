@@ -36,7 +36,6 @@ from agent.runner import (
     Message,
     Runner,
     agent_source_root,
-    signal_group,
     stop_reason_to_exit_reason,
 )
 from agent.runtime import ContainerRuntime, ProcessRuntime, Runtime, engine_available
@@ -241,8 +240,7 @@ class Agent:
         longest = max((j.grace_s for j in runner.alive_jobs()), default=0.0)
         if not runner.wait_all(longest + LEFTOVER_GRACE_S + READER_DRAIN_S + 2.0):
             for job in runner.alive_jobs():  # the last resort; nothing may outlive the agent
-                if job.pid is not None:
-                    signal_group(job.pid, signal.SIGKILL)
+                runner.kill_now(job)
             runner.wait_all(2.0)
         if self.node is not None and runner.outbox:
             try:

@@ -620,6 +620,13 @@ class Runner:
                 self._queue(job, "exited", body)
                 self._retire(job)
 
+    def kill_now(self, job: Job) -> None:
+        """SIGKILL everything of the attempt now and remove what holds it (its container)."""
+        if job.pid is not None:
+            self._signal(job, signal.SIGKILL)
+        if job.launch is not None:
+            self.runtime.cleanup(job.launch)
+
     def _signal(self, job: Job, sig: int) -> bool:
         assert job.pid is not None
         if job.launch is None:

@@ -54,6 +54,7 @@ def main() -> None:
             token=token,
             workdir=workroot / name,
             simulate=True,
+            runtime="process",  # jobs here are trivial commands; no image
             sim_gpus=args.gpus,
             hostname=name,
             poll_interval_s=args.poll,

@@ -157,6 +157,7 @@ class Stack:
                 token=token,
                 workdir=workroot / name,
                 simulate=True,
+                runtime="process",  # jobs here are trivial commands; no image
                 sim_gpus=gpus,
                 hostname=name,
                 poll_interval_s=poll_s,

@@ -50,12 +50,15 @@ class Provider(Protocol):
     def describe(self, node: Node) -> dict[str, Any]: ...
 
 
+# What a spawned agent inherits from the portal's environment: an allow-list, so none of the
+# portal's secrets (STRIPE_*, EMAIL_HOST_PASSWORD, METRICS_TOKEN, REDIS_URL...) reach the node.
+AGENT_ENV_KEEP = frozenset(
+    {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"}
+)
+
+
 def _agent_env(node: Node, token: str, extra: dict[str, str]) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DATABASE_", "REDIS_", "DJANGO_", "CELERY_"))
-    }
+    env = {k: v for k, v in os.environ.items() if k in AGENT_ENV_KEEP or k.startswith("AGENT_")}
     env.update({"PORTAL_URL": settings.AGENT_PORTAL_URL, "NODE_TOKEN": token, **extra})
     return env
 

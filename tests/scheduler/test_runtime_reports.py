@@ -72,3 +72,23 @@ def test_a_failed_start_ends_its_allocation_where_it_began(placed):
     assert "localhost/nope:1" in job.failure_reason
     alloc = Allocation.objects.get(job=job)
     assert alloc.ended_at == alloc.started_at
+
+
+def test_a_provisioned_agent_inherits_none_of_the_portals_secrets(monkeypatch, fleet):
+    from scheduler.provisioning import _agent_env
+
+    secrets = {
+        "STRIPE_SECRET_KEY": "sk_test_x",
+        "STRIPE_WEBHOOK_SECRET": "whsec_x",
+        "EMAIL_HOST_PASSWORD": "pw",
+        "METRICS_TOKEN": "mt",
+        "REDIS_URL": "redis://127.0.0.1:6379/1",
+        "DATABASE_URL": "postgres://x",
+        "DJANGO_SECRET_KEY": "dk",
+    }
+    for key, value in {**secrets, "AGENT_RUNTIME": "container", "PATH": "/usr/bin"}.items():
+        monkeypatch.setenv(key, value)
+    env = _agent_env(fleet["nodes"]["h1"], "gpn_token", {"AGENT_HOSTNAME": "h1"})
+    assert not set(env) & set(secrets)
+    assert env["NODE_TOKEN"] == "gpn_token" and env["AGENT_RUNTIME"] == "container"
+    assert env["PATH"] == "/usr/bin" and env["AGENT_HOSTNAME"] == "h1"
