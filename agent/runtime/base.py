@@ -5,12 +5,34 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from agent.runner import Assignment
+
+class Assignment(Protocol):
+    """What a runtime reads of an assignment (`agent.runner.Assignment` has it)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def command(self) -> str: ...
+    @property
+    def gpu_uuids(self) -> Sequence[str]: ...
+    @property
+    def share_milli(self) -> int: ...
+    @property
+    def gpu_memory_limit_mib(self) -> int | None: ...
+    @property
+    def image(self) -> str: ...
+    @property
+    def cpu_milli(self) -> int: ...
+    @property
+    def memory_mib(self) -> int: ...
+
 
 # Jobs run as uid/gid JOB_UID_BASE + (job id mod JOB_UID_RANGE): never the agent's, never root,
 # and two jobs on one node differ unless their ids are JOB_UID_RANGE apart.

@@ -40,13 +40,17 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from agent.runtime.base import Launch, LaunchError, Outcome, Runtime, job_uid, prepare_dir
+from agent.runtime.base import (
+    Assignment,
+    Launch,
+    LaunchError,
+    Outcome,
+    Runtime,
+    job_uid,
+    prepare_dir,
+)
 from agent.runtime.mps import MpsControl
-
-if TYPE_CHECKING:
-    from agent.runner import Assignment
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,9 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from agent.runtime.base import Launch, Runtime, job_uid, kill_uid, prepare_dir
+from agent.runtime.base import Assignment, Launch, Runtime, job_uid, kill_uid, prepare_dir
 from agent.runtime.mps import MpsControl
-
-if TYPE_CHECKING:
-    from agent.runner import Assignment
 
 log = logging.getLogger(__name__)
 
