@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from agent import protocol
+from agent.protocol import ACTIONS, STOP_REASONS
 
 
 class RegisterAnswer(serializers.Serializer):  # type: ignore[type-arg]
@@ -23,8 +23,8 @@ class HeartbeatAnswer(serializers.Serializer):  # type: ignore[type-arg]
 class Assignment(serializers.Serializer):  # type: ignore[type-arg]
     job_id = serializers.IntegerField()
     attempt = serializers.IntegerField()
-    action = serializers.ChoiceField(choices=list(protocol.ACTIONS))
-    stop_reason = serializers.ChoiceField(choices=list(protocol.STOP_REASONS), allow_null=True)
+    action = serializers.ChoiceField(choices=list(ACTIONS))
+    stop_reason = serializers.ChoiceField(choices=list(STOP_REASONS), allow_null=True)
     command = serializers.CharField()
     env = serializers.DictField(child=serializers.CharField())
     gpu_uuids = serializers.ListField(child=serializers.CharField())
