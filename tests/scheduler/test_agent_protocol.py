@@ -74,6 +74,7 @@ def test_the_assignments_the_portal_builds_are_what_the_agent_reads(placed):
     )
     [sent] = nodes.assignments_for(placed["node"])
     assert set(sent) == set(protocol.Assignment.__annotations__)
+    assert set(sent["env"]) <= protocol.PLATFORM_ENV  # the job asked for no variables
     parsed = AgentAssignment.from_dict(sent)
     assert (parsed.image, parsed.time_limit_s) == ("registry.example/train:1", 600)
     assert (parsed.cpu_milli, parsed.memory_mib) == (8000, 4096)
