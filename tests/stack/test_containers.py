@@ -17,7 +17,7 @@ from agent.runtime.base import job_uid
 from billing.services import usage_meter
 from portal.services import token_create
 from scheduler.models import Allocation, Job, JobState, LogChunk, Node
-from tests.celery_fixtures import wait_for
+from tests.polling import wait_for
 from tests.stack_fixtures import wait_for_registration
 
 IMAGE = os.environ.get("RUNTIME_TEST_IMAGE", "")
