@@ -11,21 +11,22 @@ from rest_framework import serializers
 from agent import protocol
 from agent.runner import Assignment as AgentAssignment
 from scheduler import nodes
-from scheduler.agent_api import answers, views
+from scheduler.agent_api import answers
+from scheduler.agent_api import serializers as wire
 from scheduler.models import Job
 
 PAIRS: list[tuple[Any, type[serializers.Serializer]]] = [  # type: ignore[type-arg]
-    (protocol.Register, views.RegisterSerializer),
-    (protocol.GpuInventory, views.GpuInventorySerializer),
-    (protocol.Heartbeat, views.HeartbeatSerializer),
-    (protocol.Telemetry, views.TelemetrySerializer),
-    (protocol.GpuProcess, views.ProcessSerializer),
-    (protocol.Running, views.RunningSerializer),
-    (protocol.Started, views.StartedSerializer),
-    (protocol.Exited, views.ExitedSerializer),
-    (protocol.Logs, views.LogSerializer),
-    (protocol.Sync, views.SyncSerializer),
-    (protocol.SyncReport, views.SyncReportSerializer),
+    (protocol.Register, wire.RegisterSerializer),
+    (protocol.GpuInventory, wire.GpuInventorySerializer),
+    (protocol.Heartbeat, wire.HeartbeatSerializer),
+    (protocol.Telemetry, wire.TelemetrySerializer),
+    (protocol.GpuProcess, wire.ProcessSerializer),
+    (protocol.Running, wire.RunningSerializer),
+    (protocol.Started, wire.StartedSerializer),
+    (protocol.Exited, wire.ExitedSerializer),
+    (protocol.Logs, wire.LogSerializer),
+    (protocol.Sync, wire.SyncSerializer),
+    (protocol.SyncReport, wire.SyncReportSerializer),
     (protocol.RegisterAnswer, answers.RegisterAnswer),
     (protocol.HeartbeatAnswer, answers.HeartbeatAnswer),
     (protocol.Assignment, answers.Assignment),
@@ -50,19 +51,17 @@ def test_each_message_has_the_serializers_fields_and_required_ones(message, seri
 
 
 def test_the_schema_only_sync_reports_are_a_started_and_an_exited_report():
-    started, _ = fields(views.SyncStartedReport)
-    exited, _ = fields(views.SyncExitedReport)
+    started, _ = fields(wire.SyncStartedReport)
+    exited, _ = fields(wire.SyncExitedReport)
     assert started == set(protocol.Started.__annotations__) | {"kind", "job_id"}
     assert exited == set(protocol.Exited.__annotations__) | {"kind", "job_id"}
     assert started | exited == set(protocol.SyncReport.__annotations__)
 
 
 def test_exit_reasons_and_log_streams_are_the_protocols():
-    assert list(views.ExitedSerializer().fields["reason"].choices) == list(protocol.EXIT_REASONS)
-    assert list(views.SyncReportSerializer().fields["reason"].choices) == list(
-        protocol.EXIT_REASONS
-    )
-    assert list(views.LogSerializer().fields["stream"].choices) == list(protocol.LOG_STREAMS)
+    assert list(wire.ExitedSerializer().fields["reason"].choices) == list(protocol.EXIT_REASONS)
+    assert list(wire.SyncReportSerializer().fields["reason"].choices) == list(protocol.EXIT_REASONS)
+    assert list(wire.LogSerializer().fields["stream"].choices) == list(protocol.LOG_STREAMS)
     assert set(protocol.FAILURE_TEXT) <= set(protocol.EXIT_REASONS)
 
 
