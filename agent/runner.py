@@ -83,6 +83,7 @@ class Assignment:
     time_limit_s: int | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
+    shm_mib: int = 0
 
     @property
     def key(self) -> tuple[int, int]:
@@ -122,6 +123,7 @@ class Assignment:
                 time_limit_s=int(time_limit) if time_limit else None,
                 cpu_milli=int(data.get("cpu_milli") or 0),
                 memory_mib=int(data.get("memory_mib") or 0),
+                shm_mib=int(data.get("shm_mib") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AssignmentError(f"malformed assignment {data!r}: {exc}") from exc

@@ -13,6 +13,8 @@ kernel ends everything else in the namespace (a `setsid` child cannot escape). W
   exit is seen, and Podman 4.3 does not notice a v1 OOM kill (`OOMKilled` stays false), so the
   parent's peak usage at the limit together with a SIGKILL is what says "out of memory";
   elsewhere `--memory` and Podman's `OOMKilled`;
+- the shared memory the job asks for (`shm_mib`, Kubernetes' emptyDir of medium Memory) as
+  `--shm-size`; it counts against the memory limit;
 - explicit `--ulimit` values within the agent's own hard limits (Podman's defaults can exceed
   them and then the container does not start);
 - `--network none`: no interface but its own loopback, so the management plane on the host's
@@ -246,6 +248,8 @@ class ContainerRuntime(Runtime):
         else:
             argv += [f"--memory={memory_mib}m", f"--memory-swap={memory_mib}m"]
             limit = "container"
+        if a.shm_mib > 0:  # shared memory the job asked for (PyTorch DataLoader workers...)
+            argv += [f"--shm-size={a.shm_mib}m"]
         if checkpoint is not None:
             prepare_dir(checkpoint, uid)
             argv += ["--volume", f"{checkpoint}:{CHECKPOINT}:rw"]

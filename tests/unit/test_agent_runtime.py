@@ -20,6 +20,7 @@ from agent.config import Config
 from agent.runner import Assignment, Runner, agent_source_root
 from agent.runtime import ContainerRuntime, LaunchError, ProcessRuntime, job_uid
 from agent.runtime.mps import MpsControl, MpsError
+from tests import polling
 
 IMAGE = os.environ.get("RUNTIME_TEST_IMAGE", "")
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -39,12 +40,7 @@ needs_engine = pytest.mark.skipif(
 
 
 def wait_for(predicate: Callable[[], bool], runner: Runner, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        runner.poll()
-        time.sleep(0.02)
+    polling.wait_for(predicate, timeout, 0.02, between=runner.poll)
 
 
 def assignment(job_id: int = 1, command: str = "true", **kw: Any) -> Assignment:
@@ -223,6 +219,24 @@ def test_a_container_job_is_fenced_by_its_flags(containers: Runner) -> None:
     finally:
         runtime.cleanup(launch)
     assert not env_file.exists()
+
+
+@needs_engine
+def test_a_container_gets_the_shared_memory_its_job_asked_for(containers: Runner) -> None:
+    runtime = containers.runtime
+    assert isinstance(runtime, ContainerRuntime)
+    plain = assignment(11, "true")
+    launch = runtime.launch(
+        plain, cwd=containers.working_dir(plain), checkpoint=None, env=containers.job_env(plain)
+    )
+    runtime.cleanup(launch)
+    assert not any(arg.startswith("--shm-size") for arg in launch.argv)  # the engine's default
+    containers.start(assignment(12, "df -k /dev/shm", shm_mib=96))
+    wait_for(lambda: 12 in exits(containers), containers, timeout=30)
+    assert exits(containers)[12]["reason"] == "exited"
+    assert exits(containers)[12]["exit_code"] == 0
+    size_kib = output(containers, 12).splitlines()[-1].split()[1]
+    assert int(size_kib) == 96 * 1024
 
 
 @needs_engine
