@@ -193,9 +193,9 @@ class Assignment(TypedDict):
     time_limit_s: int | None  # wall clock, enforced by the agent
     cpu_milli: int  # 0: the default per GPU
     memory_mib: int  # 0: the default per GPU
-    # /dev/shm in MiB (a Kubernetes emptyDir of medium Memory); absent or 0: the engine's
-    # default. It counts against the job's memory limit.
-    shm_mib: NotRequired[int]
+    # /dev/shm in MiB (a Kubernetes emptyDir of medium Memory); 0: the engine's default.
+    # It counts against the job's memory limit.
+    shm_mib: int
 
 
 class SyncResult(TypedDict):

@@ -40,8 +40,7 @@ class Assignment(serializers.Serializer):  # type: ignore[type-arg]
     cpu_milli = serializers.IntegerField(help_text="0: the node's default per GPU.")
     memory_mib = serializers.IntegerField(help_text="0: the node's default per GPU.")
     shm_mib = serializers.IntegerField(
-        required=False,
-        help_text="Shared memory (/dev/shm) in MiB; absent or 0: the engine's default.",
+        help_text="Shared memory (/dev/shm) in MiB; 0: the engine's default."
     )
 
 

@@ -35,6 +35,7 @@ class AssignedRow(NamedTuple):
     time_limit_s: int | None
     cpu_milli: int
     job_memory_mib: int
+    shm_mib: int
 
 
 # Compiled once (`CompiledQuery`): every agent reads this whenever its assignments change.
@@ -70,6 +71,7 @@ _ASSIGNED = CompiledQuery(
             "job__time_limit_s",
             "job__cpu_milli",
             "job__memory_mib",
+            "job__shm_mib",
         )
     )
 )
@@ -114,6 +116,7 @@ def assignments_for(node: Node) -> list[AssignmentMessage]:
                 "time_limit_s": first.time_limit_s,
                 "cpu_milli": first.cpu_milli,
                 "memory_mib": first.job_memory_mib,
+                "shm_mib": first.shm_mib,
             }
         )
     return out

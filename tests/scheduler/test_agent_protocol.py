@@ -69,15 +69,18 @@ def test_exit_reasons_and_log_streams_are_the_protocols():
 def test_the_assignments_the_portal_builds_are_what_the_agent_reads(placed):
     job = placed["job"]
     Job.objects.filter(pk=job.pk).update(
-        image="registry.example/train:1", time_limit_s=600, cpu_milli=8000, memory_mib=4096
+        image="registry.example/train:1",
+        time_limit_s=600,
+        cpu_milli=8000,
+        memory_mib=4096,
+        shm_mib=2048,
     )
     [sent] = nodes.assignments_for(placed["node"])
-    assert protocol.Assignment.__required_keys__ <= set(sent)
-    assert set(sent) <= set(protocol.Assignment.__annotations__)
+    assert set(sent) == set(protocol.Assignment.__annotations__)
     assert set(sent["env"]) <= protocol.PLATFORM_ENV  # the job asked for no variables
     parsed = AgentAssignment.from_dict(sent)
     assert (parsed.image, parsed.time_limit_s) == ("registry.example/train:1", 600)
-    assert (parsed.cpu_milli, parsed.memory_mib) == (8000, 4096)
+    assert (parsed.cpu_milli, parsed.memory_mib, parsed.shm_mib) == (8000, 4096, 2048)
     assert parsed.job_id == job.pk and parsed.gpu_uuids
 
 
