@@ -7,7 +7,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from portal.auth_events import LOCKED_ATTR, lockout_message
-from portal.models import Role, TokenScope
+from portal.models import Role, TokenScope, slug_validator
 
 
 class LockoutMessageMixin:
@@ -56,3 +56,38 @@ class TokenCreateForm(forms.Form):
         initial="90",
         label="Expires in",
     )
+
+
+class ProjectCreateForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    slug = forms.CharField(
+        max_length=50,
+        validators=[slug_validator],
+        help_text="In URLs and the API: lowercase letters, digits and hyphens.",
+    )
+    description = forms.CharField(max_length=2000, required=False, widget=forms.Textarea)
+
+
+class SetPasswordFieldsMixin(forms.Form):
+    full_name = forms.CharField(max_length=150, required=False, label="Your name")
+    password1 = forms.CharField(label="Password", widget=forms.PasswordInput, strip=False)
+    password2 = forms.CharField(label="Password again", widget=forms.PasswordInput, strip=False)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        if cleaned.get("password1") != cleaned.get("password2"):
+            self.add_error("password2", "The two passwords differ.")
+        return cleaned
+
+
+class SignupForm(SetPasswordFieldsMixin):
+    """The account's details; the address comes from the invitation or verified link."""
+
+
+class SignupRequestForm(forms.Form):
+    email = forms.EmailField(max_length=254)
+
+
+class EmailChangeForm(forms.Form):
+    new_email = forms.EmailField(max_length=254, label="New e-mail address")
+    password = forms.CharField(label="Current password", widget=forms.PasswordInput, strip=False)

@@ -202,3 +202,51 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.path}"
+
+
+class Invitation(models.Model):
+    """An owner's invitation of an e-mail address into a project with a role.
+
+    Only the SHA-256 of its single-use token is stored; the link in the e-mail carries the
+    token. It is accepted only by an account with the invited address (signed in, or signing
+    up through it), before `expires_at`, once."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(max_length=254)
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["project", "email"], name="invitation_project_email")]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.project} ({self.role})"
+
+    @property
+    def status(self) -> str:
+        if self.accepted_at is not None:
+            return "accepted"
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at <= timezone.now():
+            return "expired"
+        return "pending"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == "pending"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from django.db.models import OuterRef, QuerySet, Subquery
+from django.utils import timezone
 
 from portal.errors import NotFound
-from portal.models import ApiToken, Membership, Project, Role, User
+from portal.models import ApiToken, AuditEvent, Invitation, Membership, Project, Role, User
 
 
 def project_list_visible_to(*, user: User) -> QuerySet[Project]:
@@ -54,3 +55,21 @@ def membership_list(*, project: Project) -> QuerySet[Membership]:
 
 def token_list_of(*, user: User) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user).order_by("-created_at")
+
+
+def invitation_list_pending(*, project: Project) -> QuerySet[Invitation]:
+    return Invitation.objects.filter(
+        project=project,
+        accepted_at__isnull=True,
+        revoked_at__isnull=True,
+        expires_at__gt=timezone.now(),
+    ).order_by("-created_at")
+
+
+def audit_events_of(*, project: Project) -> QuerySet[AuditEvent]:
+    """One project's audit events, newest first: only events recorded against it."""
+    return (
+        AuditEvent.objects.filter(project=project)
+        .select_related("actor")
+        .order_by("-created_at", "-pk")
+    )

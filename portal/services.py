@@ -9,15 +9,17 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
-from portal.models import ApiToken, Membership, Project, Role, TokenScope, User
+from portal.models import ApiToken, Membership, Project, Role, TokenScope, User, slug_validator
 from portal.selectors import project_role_of
 
 TOKEN_PREFIX = "gpc_"
+RESERVED_SLUGS = frozenset({"new"})  # /projects/new/ is the creation page
 
 
 def require_role(*, user: User, project: Project, roles: tuple[str, ...]) -> str:
@@ -34,9 +36,24 @@ def require_role(*, user: User, project: Project, roles: tuple[str, ...]) -> str
 
 @transaction.atomic
 def project_create(*, owner: User, slug: str, name: str, description: str = "") -> Project:
+    slug, name = slug.strip(), name.strip()
+    try:
+        slug_validator(slug)
+    except ValidationError as exc:
+        raise DomainError(" ".join(exc.messages), field="slug") from None
+    if slug in RESERVED_SLUGS:
+        raise DomainError(f"'{slug}' is a reserved word; choose another slug.", field="slug")
+    if not name:
+        raise DomainError("Give the project a name.", field="name")
     if Project.objects.filter(slug=slug).exists():
         raise Conflict(f"A project with the slug '{slug}' already exists.", code="slug_taken")
-    project = Project.objects.create(slug=slug, name=name, description=description)
+    try:
+        with transaction.atomic():
+            project = Project.objects.create(slug=slug, name=name, description=description)
+    except IntegrityError:  # created by someone else between the check and the insert
+        raise Conflict(
+            f"A project with the slug '{slug}' already exists.", code="slug_taken"
+        ) from None
     Membership.objects.create(project=project, user=owner, role=Role.OWNER)
     audit_record(actor=owner, action="project.create", target=project, project=project)
     return project
@@ -44,31 +61,6 @@ def project_create(*, owner: User, slug: str, name: str, description: str = "") 
 
 def _owner_count(project: Project) -> int:
     return Membership.objects.filter(project=project, role=Role.OWNER).count()
-
-
-@transaction.atomic
-def membership_add(*, actor: User, project: Project, email: str, role: str) -> Membership:
-    require_role(user=actor, project=project, roles=(Role.OWNER,))
-    if role not in Role.values:
-        raise DomainError(
-            f"Unknown role '{role}'. Use one of: {', '.join(Role.values)}.", field="role"
-        )
-    user = User.objects.filter(email__iexact=email.strip()).first()
-    if user is None:
-        raise DomainError(f"No user with the email {email} exists.", field="email")
-    try:
-        with transaction.atomic():
-            membership = Membership.objects.create(project=project, user=user, role=role)
-    except IntegrityError:
-        raise Conflict(f"{user.email} is already a member of {project.name}.") from None
-    audit_record(
-        actor=actor,
-        action="membership.add",
-        target=membership,
-        project=project,
-        data={"user": user.email, "role": role},
-    )
-    return membership
 
 
 @transaction.atomic

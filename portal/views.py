@@ -1,17 +1,34 @@
-"""Tenancy pages: membership changes on a project, API tokens (the project page is in `web`)."""
+"""Tenancy pages: creating a project, invitations and membership changes, sign-up, the account,
+password reset, a project's audit log, API tokens (the project page is in `web`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from portal import selectors, services
-from portal.errors import DomainError
-from portal.forms import MemberAddForm, MemberRoleForm, TokenCreateForm
-from portal.models import TokenScope, User
+from portal import accounts, selectors, services
+from portal.errors import DomainError, PermissionDenied
+from portal.forms import (
+    EmailChangeForm,
+    MemberAddForm,
+    MemberRoleForm,
+    ProjectCreateForm,
+    SignupForm,
+    SignupRequestForm,
+    TokenCreateForm,
+)
+from portal.middleware import client_ip
+from portal.models import Role, TokenScope, User
+from portal.ratelimit import parse_rate, window_hit
 
 
 def _user(request: HttpRequest) -> User:
@@ -19,24 +36,221 @@ def _user(request: HttpRequest) -> User:
 
 
 @login_required
+def project_new(request: HttpRequest) -> HttpResponse:
+    """Create a project; its creator becomes its owner."""
+    form = ProjectCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            project = services.project_create(owner=_user(request), **form.cleaned_data)
+        except DomainError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"Created {project.name}. You are its owner.")
+            return redirect("project-detail", slug=project.slug)
+    return render(request, "portal/project_new.html", {"form": form})
+
+
+def _base_url(request: HttpRequest) -> str:
+    return request.build_absolute_uri("/")
+
+
+@login_required
 @require_POST
 def member_add(request: HttpRequest, slug: str) -> HttpResponse:
+    """Invite an address: the answer never says whether it has an account."""
     project = selectors.project_get_visible(user=_user(request), slug=slug)
     form = MemberAddForm(request.POST)
     if form.is_valid():
         try:
-            services.membership_add(
+            accounts.invitation_create(
                 actor=_user(request),
                 project=project,
                 email=form.cleaned_data["email"],
                 role=form.cleaned_data["role"],
+                base_url=_base_url(request),
             )
-            messages.success(request, f"Added {form.cleaned_data['email']}.")
+            messages.success(
+                request,
+                f"Invitation sent to {form.cleaned_data['email'].lower()}. They join when "
+                "they accept it.",
+            )
         except DomainError as exc:
             messages.error(request, exc.message)
     else:
         messages.error(request, "Enter a valid email address and role.")
     return redirect("project-detail", slug=project.slug)
+
+
+@login_required
+@require_POST
+def invitation_revoke(request: HttpRequest, slug: str, invitation_id: int) -> HttpResponse:
+    project = selectors.project_get_visible(user=_user(request), slug=slug)
+    try:
+        invitation = accounts.invitation_revoke(
+            actor=_user(request), project=project, invitation_id=invitation_id
+        )
+        messages.success(request, f"Revoked the invitation of {invitation.email}.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("project-detail", slug=project.slug)
+
+
+def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
+    """The link in an invitation: accept it signed in with the invited address, or sign up
+    with that address. Anyone else learns nothing and changes nothing."""
+    invitation = accounts.invitation_by_token(token=token)
+    user = request.user if request.user.is_authenticated else None
+    form = SignupForm(request.POST or None) if user is None else None
+    error = None
+    if request.method == "POST":
+        try:
+            if user is not None:
+                accounts.invitation_accept(user=user, token=token)  # type: ignore[arg-type]
+            elif form is not None and form.is_valid():
+                user = accounts.invitation_signup(
+                    token=token,
+                    full_name=form.cleaned_data["full_name"],
+                    password=form.cleaned_data["password1"],
+                )
+                login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            else:
+                user = None
+        except DomainError as exc:
+            if form is not None and exc.field == "password":
+                form.add_error("password1", exc.message)
+            else:
+                error = exc.message
+            user = user if request.user.is_authenticated else None
+        else:
+            if user is not None:
+                messages.success(request, f"Welcome to {invitation.project.name}.")
+                return redirect("project-detail", slug=invitation.project.slug)
+    response = render(
+        request,
+        "portal/invitation.html",
+        {
+            "invitation": invitation,
+            "form": form,
+            "error": error,
+            "token": token,
+            "wrong_account": user is not None and user.email.lower() != invitation.email,  # type: ignore[union-attr]
+        },
+        status=400 if error else 200,
+    )
+    response["Cache-Control"] = "no-store"
+    response["Referrer-Policy"] = "no-referrer"  # the token is in the URL
+    return response
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    """Open sign-up (only when an operator turned it on): a verification link by e-mail."""
+    if not settings.SIGNUP_OPEN:
+        raise Http404("Sign-up is by invitation.")
+    form = SignupRequestForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        if email_rate_exceeded(request, "signup"):
+            form.add_error(None, "Too many requests from your address; try again later.")
+        else:
+            accounts.signup_request(email=form.cleaned_data["email"], base_url=_base_url(request))
+            return render(request, "portal/signup_sent.html", {"email": form.cleaned_data["email"]})
+    return render(request, "portal/signup.html", {"form": form})
+
+
+def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
+    email = accounts.signup_email_of(token=token)
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = accounts.signup_complete(
+                token=token,
+                full_name=form.cleaned_data["full_name"],
+                password=form.cleaned_data["password1"],
+            )
+        except DomainError as exc:
+            form.add_error("password1" if exc.field == "password" else None, exc.message)
+        else:
+            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            messages.success(request, "Your account is ready. Create a project to start.")
+            return redirect("project-new")
+    response = render(request, "portal/signup_verify.html", {"form": form, "email": email})
+    response["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+@login_required
+def account(request: HttpRequest) -> HttpResponse:
+    """Your account: change the e-mail address (confirmed from the new address)."""
+    form = EmailChangeForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        if email_rate_exceeded(request, "email-change"):
+            form.add_error(None, "Too many requests from your address; try again later.")
+        else:
+            try:
+                accounts.email_change_request(
+                    user=_user(request),
+                    new_email=form.cleaned_data["new_email"],
+                    password=form.cleaned_data["password"],
+                    base_url=_base_url(request),
+                )
+            except DomainError as exc:
+                field = {"password": "password", "new_email": "new_email", "email": "new_email"}
+                form.add_error(field.get(exc.field or ""), exc.message)
+            else:
+                messages.success(
+                    request,
+                    f"We sent a confirmation link to {form.cleaned_data['new_email']}. Your "
+                    "address changes when you follow it.",
+                )
+                return redirect("account")
+    return render(request, "portal/account.html", {"form": form})
+
+
+@login_required
+def email_change_confirm(request: HttpRequest, token: str) -> HttpResponse:
+    if request.method == "POST":
+        try:
+            user = accounts.email_change_confirm(user=_user(request), token=token)
+        except DomainError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, f"Your address is now {user.email}.")
+        return redirect("account")
+    response = render(request, "portal/email_change_confirm.html", {"token": token})
+    response["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+def email_rate_exceeded(request: HttpRequest, scope: str) -> bool:
+    """Requests that send e-mail: `ACCOUNT_EMAIL_RATE` per client address."""
+    limit, period = parse_rate(settings.ACCOUNT_EMAIL_RATE)
+    count, _ = window_hit(f"account-email:{scope}:{client_ip(request) or '-'}", period)
+    return count > limit
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's reset, throttled per client address (each valid request sends an e-mail).
+
+    The answer is the same page whether the address has an account or not."""
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        if email_rate_exceeded(self.request, "password-reset"):
+            form.add_error(None, "Too many requests from your address; try again later.")
+            return self.form_invalid(form)
+        return super().form_valid(form)
+
+
+@login_required
+def project_audit(request: HttpRequest, slug: str) -> HttpResponse:
+    """Who did what, when, in this project: its owners (and operators) only."""
+    project = selectors.project_get_visible(user=_user(request), slug=slug)
+    role = selectors.project_role_of(user=_user(request), project=project)
+    if role != Role.OWNER and not _user(request).is_staff:
+        raise PermissionDenied(
+            f"Your role in {project.name} is {role}; the audit log is for owners."
+        )
+    paginator = Paginator(selectors.audit_events_of(project=project), 50)
+    page = paginator.get_page(request.GET.get("page"))
+    return render(request, "portal/audit.html", {"project": project, "page": page})
 
 
 @login_required

@@ -16,6 +16,7 @@ from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
 from portal.middleware import SESSION_KEY
 from portal.models import Role, User
 from portal.selectors import (
+    invitation_list_pending,
     membership_list,
     project_list_visible_to,
     project_role_of,
@@ -73,6 +74,7 @@ def project_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "memberships": membership_list(project=project),
         "quota_rows": project_quota_usage(project=project),
         "add_form": MemberAddForm(),
+        "invitations": invitation_list_pending(project=project) if role == Role.OWNER else [],
         "roles": Role.choices,
     }
     return render(request, "web/project_detail.html", context)

@@ -156,6 +156,15 @@ LOGIN_RATE = env("LOGIN_RATE", default="30/min")
 # Jobs one project may have waiting in the queue; a submit past it is refused (429).
 PROJECT_MAX_QUEUED_JOBS = env.int("PROJECT_MAX_QUEUED_JOBS", default=10_000)
 METRICS_RATE = env("METRICS_RATE", default="120/min")
+# Self-service accounts (portal/accounts.py). Sign-up is by invitation; an operator may open it
+# to anyone with a verified e-mail address.
+SIGNUP_OPEN = env.bool("SIGNUP_OPEN", default=False)
+INVITATION_TTL_DAYS = env.int("INVITATION_TTL_DAYS", default=7)
+# Links in e-mails that verify an address (sign-up, e-mail change) are valid this long.
+EMAIL_LINK_MAX_AGE_SECONDS = env.int("EMAIL_LINK_MAX_AGE_SECONDS", default=2 * 86400)
+PASSWORD_RESET_TIMEOUT = env.int("PASSWORD_RESET_TIMEOUT", default=3600)
+# Per client address: password reset, sign-up and e-mail change requests (they send e-mail).
+ACCOUNT_EMAIL_RATE = env("ACCOUNT_EMAIL_RATE", default="5/hour")
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -7,7 +7,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from portal.models import ApiToken, Membership, Project, Role, TokenScope
+from portal.models import ApiToken, Invitation, Membership, Project, Role, TokenScope
 from portal.services import TOKEN_MAX_DAYS
 
 
@@ -76,6 +76,16 @@ class MembershipSerializer(serializers.ModelSerializer):  # type: ignore[type-ar
 class MembershipCreateSerializer(StrictSerializer):
     email = serializers.EmailField(max_length=254)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class InvitationSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    """An invitation sent: the person joins when they accept it from the e-mail."""
+
+    status = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "status", "created_at", "expires_at"]
 
 
 class MembershipUpdateSerializer(StrictSerializer):

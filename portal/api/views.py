@@ -11,12 +11,13 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal import selectors, services
+from portal import accounts, selectors, services
 from portal.api.idempotency import IdempotentPostMixin
 from portal.api.schema import PortalAutoSchema, StrictLimitOffsetPagination
 from portal.api.serializers import (
     ApiTokenCreateSerializer,
     ApiTokenSerializer,
+    InvitationSerializer,
     IssuedTokenSerializer,
     MembershipCreateSerializer,
     MembershipSerializer,
@@ -52,21 +53,26 @@ class MembershipViewSet(
     def get_queryset(self) -> QuerySet[Membership]:
         return selectors.membership_list(project=self._project())
 
-    @extend_schema(request=MembershipCreateSerializer, responses=MembershipSerializer)
+    @extend_schema(
+        request=MembershipCreateSerializer,
+        responses={201: InvitationSerializer},
+        description=(
+            "Invite an e-mail address (owners): an invitation is e-mailed and the person joins "
+            "when they accept it. The answer is the same whether the address has an account."
+        ),
+    )
     def create(self, request: Request, project_slug: str) -> Response:
         body = MembershipCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        membership = services.membership_add(
+        issued = accounts.invitation_create(
             actor=request.user,  # type: ignore[arg-type]
             project=self._project(),
             email=body.validated_data["email"],
             role=body.validated_data.get("role", Role.MEMBER),
+            base_url=request.build_absolute_uri("/"),
         )
-        location = reverse("api-project-member-detail", args=[project_slug, membership.pk])
         return Response(
-            MembershipSerializer(membership).data,
-            status=status.HTTP_201_CREATED,
-            headers={"Location": location},
+            InvitationSerializer(issued.invitation).data, status=status.HTTP_201_CREATED
         )
 
     @extend_schema(request=MembershipUpdateSerializer, responses=MembershipSerializer)

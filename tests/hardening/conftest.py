@@ -71,6 +71,17 @@ def world(team, fleet, make_user):
     }
     tokens["staff"] = token_create(user=staff, name="staff-api").secret
     owner_token = token_create(user=team["owner"], name="target")
+    from django.core import signing
+
+    from portal import accounts
+
+    invitation = accounts.invitation_create(
+        actor=team["owner"], project=a, email=spare.email, role="member", base_url="http://x/"
+    )
+    email_token = signing.dumps(
+        {"uid": team["owner"].pk, "old": team["owner"].email, "new": "owner-new@example.org"},
+        salt=accounts.EMAIL_CHANGE_SALT,
+    )
     return {
         **team,
         **fleet,
@@ -85,4 +96,8 @@ def world(team, fleet, make_user):
         "tokens": tokens,
         "node": fleet["nodes"]["h1"],
         "node_token": fleet["tokens"]["h1"],
+        "invitation": invitation.invitation,
+        "invitation_token": invitation.token,
+        "email_token": email_token,
+        "signup_token": signing.dumps({"email": "matrix@example.org"}, salt=accounts.SIGNUP_SALT),
     }

@@ -122,6 +122,54 @@ RULES: dict[str, Rule] = {
     ),
     "logout": Rule({"get": {r: 405 for r in ROLES}, "post": {r: LOGIN for r in ROLES}}),
     "project-detail": Rule({"get": PROJECT_PAGE}),
+    # --- self-service accounts (portal/accounts.py) ---------------------------------------------
+    # Password reset and its steps are for everyone; an empty form is answered with its errors.
+    "password_reset": Rule(
+        {"get": {r: 200 for r in ROLES}, "post": {r: 200 for r in ROLES}},
+        body={"post": lambda w: {}},
+    ),
+    "password_reset_done": Rule({"get": {r: 200 for r in ROLES}}),
+    # A made-up link: the page says it is not valid.
+    "password_reset_confirm": Rule(
+        {"get": {r: 200 for r in ROLES}, "post": {r: 200 for r in ROLES}},
+        params={"uidb64": "reset_uid", "token": "reset_token"},
+        body={"post": lambda w: {}},
+    ),
+    "password_reset_complete": Rule({"get": {r: 200 for r in ROLES}}),
+    "password_change": Rule(
+        {"get": EVERYONE_PAGE, "post": EVERYONE_PAGE}, body={"post": lambda w: {}}
+    ),
+    "password_change_done": Rule({"get": EVERYONE_PAGE}),
+    # Open sign-up is off unless an operator turns it on (SIGNUP_OPEN): no such page.
+    "signup": Rule(
+        {"get": {r: 404 for r in ROLES}, "post": {r: 404 for r in ROLES}},
+        body={"post": lambda w: {"email": "matrix@example.org"}},
+    ),
+    "signup-verify": Rule(
+        {"get": {r: 404 for r in ROLES}, "post": {r: 404 for r in ROLES}},
+        params={"token": "signup_token"},
+        body={"post": lambda w: {}},
+    ),
+    "account": Rule({"get": EVERYONE_PAGE, "post": EVERYONE_PAGE}, body={"post": lambda w: {}}),
+    # The link names the owner's account: anyone else is refused (a message), nothing changes.
+    "email-change-confirm": Rule(
+        {"get": EVERYONE_PAGE, "post": page(REFUSED, REFUSED, DONE, REFUSED, REFUSED)},
+        params={"token": "email_token"},
+    ),
+    # The invitation is the spare user's: anyone may read the link's page (the token is the
+    # secret); signed-in accounts with another address are refused, an empty sign-up form
+    # is answered with its errors.
+    "invitation-accept": Rule(
+        {"get": {r: 200 for r in ROLES}, "post": {**page(400, 400, 400, 400, 400, 200)}},
+        params={"token": "invitation_token"},
+        body={"post": lambda w: {}},
+    ),
+    "project-new": Rule(
+        {"get": EVERYONE_PAGE, "post": page(DONE, DONE, DONE, DONE, DONE)},
+        body={"post": lambda w: {"name": "Matrix", "slug": "matrix-new"}},
+    ),
+    "project-audit": Rule({"get": page(403, 403, 200, 404, 200)}),
+    "invitation-revoke": Rule({"post": OWNER_WRITE_PAGE}),
     "member-add": Rule(
         {"get": page(405, 405, 405, 405, 405), "post": OWNER_WRITE_PAGE},
         body={"post": lambda w: {"email": w["spare"].email, "role": "member"}},
@@ -276,6 +324,7 @@ PARAMS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "project_slug": lambda w: w["a"].slug,
     "job_id": lambda w: w["job"].pk,
     "membership_id": lambda w: w["membership"].pk,
+    "invitation_id": lambda w: w["invitation"].pk,
     "token_id": lambda w: w["target_token"].pk,
     "invoice_id": lambda w: w["invoice"].pk,
     "line_id": lambda w: w["line"].pk,
@@ -287,6 +336,11 @@ PK_OBJECTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "token": lambda w: w["target_token"].pk,
     "membership": lambda w: w["membership"].pk,
     "job": lambda w: w["job"].pk,
+    "invitation_token": lambda w: w["invitation_token"],
+    "signup_token": lambda w: w["signup_token"],
+    "email_token": lambda w: w["email_token"],
+    "reset_uid": lambda w: "MQ",
+    "reset_token": lambda w: "made-up-token",
 }
 
 
@@ -379,12 +433,14 @@ def test_every_url_has_a_rule():
 def fingerprint() -> tuple[Any, ...]:
     """The rows a refused write must not touch."""
     from billing.models import Budget
-    from portal.models import ApiToken, Membership, Project
+    from portal.models import ApiToken, Invitation, Membership, Project, User
     from scheduler.models import Job, Node
 
     return (
         list(Project.objects.order_by("pk").values_list("pk", "slug")),
         list(Membership.objects.order_by("pk").values_list("pk", "project_id", "user_id", "role")),
+        list(Invitation.objects.order_by("pk").values_list("pk", "accepted_at", "revoked_at")),
+        list(User.objects.order_by("pk").values_list("pk", "email", "password")),
         list(ApiToken.objects.order_by("pk").values_list("pk", "revoked_at")),
         list(Job.objects.order_by("pk").values_list("pk", "state")),
         list(Node.objects.order_by("pk").values_list("pk", "state", "fenced")),

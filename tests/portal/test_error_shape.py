@@ -54,17 +54,20 @@ def test_domain_errors_have_the_shape(team, fleet, api):
     assert resp.status_code in (400, 409)
     assert "cancel" in _shape(resp, resp.json()["code"])["message"].lower()
     resp = api(team["owner"]).post(
-        "/api/v1/projects/alpha/members", {"email": "nobody@example.org"}, format="json"
+        "/api/v1/projects/alpha/members", {"email": "not-an-address"}, format="json"
     )
     body = _shape(resp, resp.json()["code"])
     assert list(body["fields"]) == ["email"]
 
 
-def test_adding_a_member_answers_201_with_its_location(team, api):
+def test_adding_a_member_answers_201_with_the_invitation(team, api):
+    """Adding is an invitation (nobody joins without consent): the answer is the invitation,
+    the same for an address with an account as without; the member exists once it is accepted."""
     client = api(team["owner"])
     resp = client.post(
         "/api/v1/projects/alpha/members", {"email": team["outsider"].email}, format="json"
     )
     assert resp.status_code == 201
-    assert resp["Location"] == f"/api/v1/projects/alpha/members/{resp.json()['id']}"
-    assert client.get(resp["Location"]).json()["email"] == team["outsider"].email
+    assert resp.json()["status"] == "pending" and resp.json()["email"] == team["outsider"].email
+    members = client.get("/api/v1/projects/alpha/members").json()["results"]
+    assert team["outsider"].email not in {m["email"] for m in members}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from django.test import Client
 
@@ -77,7 +79,17 @@ def test_owner_adds_changes_and_removes_members_with_audit(team, api):
         format="json",
     )
     assert resp.status_code == 201, resp.content
-    mid = resp.json()["id"]
+    assert resp.json()["status"] == "pending"  # an invitation: nobody joins without consent
+    assert not Membership.objects.filter(project=team["a"], user=team["outsider"]).exists()
+    from portal.accounts import invitation_accept
+    from portal.models import Invitation
+
+    invitation = Invitation.objects.get(pk=resp.json()["id"])
+    token = "known-token-for-the-test"
+    Invitation.objects.filter(pk=invitation.pk).update(
+        token_hash=hashlib.sha256(token.encode()).hexdigest()
+    )
+    mid = invitation_accept(user=team["outsider"], token=token).pk
     assert (
         client.patch(
             f"/api/v1/projects/alpha/members/{mid}/", {"role": "member"}, format="json"
@@ -90,7 +102,13 @@ def test_owner_adds_changes_and_removes_members_with_audit(team, api):
         .order_by("created_at")
         .values_list("action", flat=True)
     )
-    assert actions[-3:] == ["membership.add", "membership.role_change", "membership.remove"]
+    assert actions[-5:] == [
+        "invitation.create",
+        "invitation.accept",
+        "membership.add",
+        "membership.role_change",
+        "membership.remove",
+    ]
 
 
 def test_removed_member_loses_access_at_once(team, api, client):
@@ -116,14 +134,23 @@ def test_last_owner_cannot_be_removed_or_demoted(team, api):
     )
 
 
-def test_owner_manages_members_through_the_page(team, client):
+def test_owner_manages_members_through_the_page(team, client, django_capture_on_commit_callbacks):
+    """Adding is an invitation: nobody joins until they accept it; then roles and removal."""
+    from django.core import mail
+
     login(client, team["owner"])
-    resp = client.post(
-        "/projects/alpha/members/add/",
-        {"email": team["outsider"].email, "role": "viewer"},
-        follow=True,
-    )
-    assert resp.status_code == 200
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = client.post(
+            "/projects/alpha/members/add/",
+            {"email": team["outsider"].email, "role": "viewer"},
+            follow=True,
+        )
+    assert resp.status_code == 200 and "Invitation sent" in resp.content.decode()
+    assert not Membership.objects.filter(project=team["a"], user=team["outsider"]).exists()
+    link = next(w for w in mail.outbox[-1].body.split() if "/invitations/" in w)
+    invitee = Client()
+    invitee.force_login(team["outsider"])
+    invitee.post(link.split("testserver", 1)[1])
     m = Membership.objects.get(project=team["a"], user=team["outsider"])
     assert m.role == Role.VIEWER
     client.post(f"/projects/alpha/members/{m.pk}/role/", {"role": "member"})
