@@ -6,6 +6,9 @@ from decimal import Decimal
 
 from django import forms
 
+from billing.pricing import RESERVED_TERMS_MONTHS
+from scheduler.models import GpuModel
+
 
 class BudgetForm(forms.Form):
     monthly_amount = forms.DecimalField(
@@ -16,4 +19,17 @@ class BudgetForm(forms.Form):
     )
     preemptible_allowance_percent = forms.IntegerField(
         min_value=0, max_value=100, initial=10, label="Preemptible allowance over the cap (%)"
+    )
+
+
+class ReservationRequestForm(forms.Form):
+    gpu_model = forms.ModelChoiceField(
+        queryset=GpuModel.objects.filter(is_active=True), to_field_name="name", label="GPU model"
+    )
+    gpus = forms.IntegerField(min_value=1, max_value=4096, label="GPUs")
+    term_months = forms.TypedChoiceField(
+        choices=[(t, f"{t} months") for t in RESERVED_TERMS_MONTHS], coerce=int, label="Term"
+    )
+    justification = forms.CharField(
+        max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2})
     )

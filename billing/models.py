@@ -511,3 +511,44 @@ class StripeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.event_id}"
+
+
+class ReservationRequest(models.Model):
+    """An owner's request for a reserved plan; an operator approves (the plan is created and
+    billed as reserved plans are) or declines it with a reason."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        APPROVED = "approved", "Approved"
+        DECLINED = "declined", "Declined"
+
+    project = models.ForeignKey(
+        "portal.Project", on_delete=models.CASCADE, related_name="reservation_requests"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    gpu_model = models.ForeignKey("scheduler.GpuModel", on_delete=models.PROTECT, related_name="+")
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    term_months = models.PositiveSmallIntegerField(choices=ReservedPlan.Term.choices)
+    justification = models.TextField(max_length=2000, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(max_length=2000, blank=True)
+    plan = models.OneToOneField(
+        ReservedPlan, null=True, blank=True, on_delete=models.SET_NULL, related_name="request"
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "created_at"], name="reservation_request_status")]
+
+    def __str__(self) -> str:
+        return f"Reservation request {self.pk} of {self.project} ({self.status})"
+
+    def summary(self) -> str:
+        return f"{self.gpus} × {self.gpu_model.name} for {self.term_months} months"

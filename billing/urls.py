@@ -18,6 +18,16 @@ urlpatterns = [
         views.invoice_line,
         name="invoice-line",
     ),
+    path(
+        "projects/<slug:slug>/reservations/request/",
+        views.reservation_request_new,
+        name="reservation-request-new",
+    ),
+    path(
+        "operator/reservation-requests/<int:request_id>/decide/",
+        views.reservation_request_decide,
+        name="reservation-request-decide",
+    ),
     path("operator/revenue/", views.revenue, name="revenue"),
     path("stripe/webhook/", views.stripe_webhook, name="stripe-webhook"),
 ]

@@ -195,3 +195,56 @@ def stripe_webhook(request: HttpRequest) -> JsonResponse:
     except DomainError as exc:
         return JsonResponse({"detail": exc.message}, status=400)
     return JsonResponse({"received": True, "outcome": outcome})
+
+
+# ---- reserved plans by request (billing/reservation_requests.py) ------------------------------
+
+
+@login_required
+@require_POST
+def reservation_request_new(request: HttpRequest, slug: str) -> HttpResponse:
+    from billing import reservation_requests
+    from billing.forms import ReservationRequestForm
+
+    project = project_get_visible(user=_user(request), slug=slug)
+    form = ReservationRequestForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items())
+        messages.error(request, f"The request was not sent: {errors}")
+        return redirect("project-requests", slug=project.slug)
+    try:
+        reservation_requests.reservation_request_create(
+            actor=_user(request), project=project, **form.cleaned_data
+        )
+        messages.success(request, "Reservation request sent to the operators.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("project-requests", slug=project.slug)
+
+
+@login_required
+@require_POST
+def reservation_request_decide(request: HttpRequest, request_id: int) -> HttpResponse:
+    from billing import reservation_requests
+    from scheduler.forms import DecisionForm
+
+    if not _user(request).is_staff:
+        raise PermissionDenied("Operators only.")
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose approve or decline.")
+        return redirect("request-queue")
+    try:
+        if form.cleaned_data["decision"] == "approve":
+            reservation_requests.reservation_request_approve(
+                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
+            )
+            messages.success(request, "Approved: the reserved plan starts now.")
+        else:
+            reservation_requests.reservation_request_decline(
+                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
+            )
+            messages.success(request, "Declined.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("request-queue")

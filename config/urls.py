@@ -62,6 +62,19 @@ urlpatterns = [
     path("projects/new/", views.project_new, name="project-new"),
     path("projects/<slug:slug>/", web_views.project_detail, name="project-detail"),
     path("projects/<slug:slug>/audit/", views.project_audit, name="project-audit"),
+    path("projects/<slug:slug>/requests/", web_views.project_requests, name="project-requests"),
+    path(
+        "projects/<slug:slug>/requests/quota/",
+        scheduler_views.quota_request_new,
+        name="quota-request-new",
+    ),
+    path("projects/<slug:slug>/limits/", scheduler_views.project_limits, name="project-limits"),
+    path("ops/requests/", web_views.request_queue, name="request-queue"),
+    path(
+        "ops/requests/quota/<int:request_id>/decide/",
+        scheduler_views.quota_request_decide,
+        name="quota-request-decide",
+    ),
     path(
         "projects/<slug:slug>/invitations/<int:invitation_id>/revoke/",
         views.invitation_revoke,

@@ -26,6 +26,7 @@ from scheduler.core.model import MILLI, gpu_demand_milli, gpus_requested
 from scheduler.core.periods import month_start
 from scheduler.cycle_requests import request_cycle
 from scheduler.models import (
+    ACTIVE_STATES,
     PRECISIONS,
     GpuModel,
     Job,
@@ -286,6 +287,7 @@ def admission_verdict(
     now: datetime,
     hook_verdicts: list[Verdict] | None = None,
     model_limits: dict[int, int] | None = None,
+    member_gpus: Decimal | None = None,
 ) -> Verdict:
     """Quota rules that decide at submission. Concurrency is held per cycle by the scheduler.
 
@@ -294,8 +296,21 @@ def admission_verdict(
     `hook_verdicts`: the extension points' answers if the caller asked them already (before
     taking the quota lock); they weigh after the quota rules either way.
     `model_limits`: GPU model id -> max GPUs if the caller read them already, else the quota's.
+    `member_gpus`: the GPUs the submitting member's queued and active jobs ask for, when the
+    owners set a per-member cap (`Quota.max_gpus_per_member`); not borrowable.
     """
     notes = []
+    cap = quota.max_gpus_per_member
+    if cap is not None and member_gpus is not None:
+        notes.append(f"per member: {cap} GPUs at once")
+        asked = spec.gpu_fraction * spec.shard_count  # every shard of an array job
+        if member_gpus + asked > cap:
+            return Verdict(
+                False,
+                reason=f"Your queued and running jobs ask for {member_gpus} GPUs; with this "
+                f"job's {asked} that is over the {cap} GPUs a member of "
+                f"{project.name} may ask for at once (set by its owners).",
+            )
     if spec.gpu_count > quota.max_gpus_per_job:
         return Verdict(
             False,
@@ -377,7 +392,7 @@ def admission_verdict(
 
 QUOTA_SHARE_LOCKED = """
 SELECT q.id, q.max_gpus, q.gpu_hours_per_month, q.max_gpus_per_job, q.max_priority,
-       q.allow_borrowing, q.updated_at,
+       q.allow_borrowing, q.updated_at, q.max_gpus_per_member,
        (SELECT json_agg(json_build_array(l.gpu_model_id, l.max_gpus))
           FROM portal_quotamodellimit l WHERE l.quota_id = q.id)
   FROM portal_quota q WHERE q.project_id = %s
@@ -402,7 +417,7 @@ def quota_lock_for_admission(project: Project) -> tuple[Quota, dict[int, int]]:
         row = cursor.fetchone()
     if row is None:
         raise Quota.DoesNotExist(f"{project} has no quota.")
-    pk, max_gpus, hours, per_job, max_priority, borrowing, updated_at, limits = row
+    pk, max_gpus, hours, per_job, max_priority, borrowing, updated_at, per_member, limits = row
     quota = Quota(
         pk=pk,
         project=project,
@@ -412,10 +427,21 @@ def quota_lock_for_admission(project: Project) -> tuple[Quota, dict[int, int]]:
         max_priority=max_priority,
         allow_borrowing=borrowing,
         updated_at=updated_at,
+        max_gpus_per_member=per_member,
     )
     if isinstance(limits, str):  # json, not jsonb: some drivers hand back the text
         limits = json.loads(limits)
     return quota, {int(model_id): int(cap) for model_id, cap in limits or ()}
+
+
+def member_gpus_asked(*, project: Project, user: User) -> Decimal:
+    """GPUs (a fraction as that fraction) the user's queued and active jobs in the project ask
+    for: what a per-member cap counts. Read only when the owners set one."""
+    rows = Job.objects.filter(
+        project=project, submitted_by=user, state__in=[JobState.QUEUED, *ACTIVE_STATES]
+    ).values_list("gpus", "gpu_milli", "nodes", "gpus_per_node")
+    milli = sum(gpu_demand_milli(g, n, per_node, m) for g, m, n, per_node in rows)
+    return Decimal(milli) / MILLI
 
 
 def job_from_spec(
@@ -500,6 +526,11 @@ def job_submit(
     jobs = [job_from_spec(spec, project=project, user=actor, shard=shard) for shard in shards]
     # The quota is read under a lock that holds off quota edits until this commits.
     quota, model_limits = quota_lock_for_admission(project)
+    member_gpus = (
+        member_gpus_asked(project=project, user=actor)
+        if quota.max_gpus_per_member is not None
+        else None
+    )
     verdict = admission_verdict(
         project=project,
         quota=quota,
@@ -507,6 +538,7 @@ def job_submit(
         now=now,
         hook_verdicts=hook_verdicts,
         model_limits=model_limits,
+        member_gpus=member_gpus,
     )
     to = JobState.QUEUED if verdict.admit else JobState.REJECTED
     if not can_transition(JobState.PENDING, to):  # the table is the authority, even here

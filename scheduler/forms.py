@@ -152,3 +152,40 @@ class JobForm(forms.Form):
                 field = "time_limit_h"
             self.add_error(field, exc.message)
         return data
+
+
+class QuotaRequestForm(forms.Form):
+    max_gpus = forms.IntegerField(
+        min_value=1, max_value=100_000, required=False, label="Concurrent GPUs"
+    )
+    gpu_hours_per_month = forms.IntegerField(
+        min_value=1, max_value=10_000_000, required=False, label="GPU-hours per month"
+    )
+    gpu_model = forms.ModelChoiceField(
+        queryset=GpuModel.objects.filter(is_active=True),
+        to_field_name="name",
+        required=False,
+        empty_label="(no per-model change)",
+        label="GPU model",
+    )
+    model_max_gpus = forms.IntegerField(
+        min_value=1, max_value=100_000, required=False, label="GPUs of that model"
+    )
+    justification = forms.CharField(
+        max_length=2000, widget=forms.Textarea(attrs={"rows": 3}), label="What it is for"
+    )
+
+
+class OwnerLimitsForm(forms.Form):
+    max_gpus_per_member = forms.IntegerField(
+        min_value=1,
+        max_value=100_000,
+        required=False,
+        label="Concurrent GPUs per member",
+        help_text="Blank: no cap beyond the project's.",
+    )
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("decline", "Decline")])
+    reason = forms.CharField(max_length=2000, required=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -580,6 +581,13 @@ class Quota(models.Model):
     allow_borrowing = models.BooleanField(
         default=True, help_text="Over-quota work may run as preemptible when GPUs are idle."
     )
+    max_gpus_per_member = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Set by the project's owners, within the project's concurrent GPUs: what one "
+        "member's queued and running jobs may ask for at once (blank: no cap).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -608,6 +616,63 @@ class QuotaModelLimit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_model}: {self.max_gpus}"
+
+
+class RequestStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved"
+    DECLINED = "declined", "Declined"
+
+
+class QuotaRequest(models.Model):
+    """An owner's request for more quota; an operator approves (the quota changes) or declines
+    it with a reason. Blank fields ask for no change."""
+
+    project = models.ForeignKey(
+        "portal.Project", on_delete=models.CASCADE, related_name="quota_requests"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    max_gpus = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100_000)]
+    )
+    gpu_hours_per_month = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(10_000_000)]
+    )
+    gpu_model = models.ForeignKey(
+        GpuModel, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    model_max_gpus = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100_000)]
+    )
+    justification = models.TextField(max_length=2000)
+    status = models.CharField(
+        max_length=10, choices=RequestStatus.choices, default=RequestStatus.PENDING
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(max_length=2000, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "created_at"], name="quota_request_status")]
+
+    def __str__(self) -> str:
+        return f"Quota request {self.pk} of {self.project} ({self.status})"
+
+    def changes(self) -> list[str]:
+        out = []
+        if self.max_gpus is not None:
+            out.append(f"concurrent GPUs → {self.max_gpus}")
+        if self.gpu_hours_per_month is not None:
+            out.append(f"GPU-hours per month → {self.gpu_hours_per_month}")
+        if self.gpu_model is not None and self.model_max_gpus is not None:
+            out.append(f"{self.gpu_model.name} GPUs → {self.model_max_gpus}")
+        return out
 
 
 # The Slurm execution backend's rows (pool settings, job links) live with it.

@@ -14,13 +14,14 @@ from portal.htmx import render_partial_or_page, wants_partial
 from portal.models import Role, User
 from portal.params import whole_number
 from portal.ratelimit import scope_allows
-from portal.selectors import project_list_visible_to
-from scheduler import selectors
+from portal.selectors import project_get_visible, project_list_visible_to
+from scheduler import quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
 from scheduler.estimates import job_dry_run, model_availability
-from scheduler.forms import JobForm
+from scheduler.forms import DecisionForm, JobForm, OwnerLimitsForm, QuotaRequestForm
 from scheduler.manifests import job_manifest_yaml
 from scheduler.models import PRECISIONS, JobState, LogChunk
+from scheduler.ops_views import staff_required
 from scheduler.selectors import CatalogFilter, gpu_model_list
 
 
@@ -206,3 +207,68 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("job-detail", job_id=job.pk)
+
+
+# ---- quota requests and owners' own limits (scheduler/quota_requests.py) ----------------------
+
+
+@login_required
+@require_POST
+def quota_request_new(request: HttpRequest, slug: str) -> HttpResponse:
+    project = project_get_visible(user=_user(request), slug=slug)
+    form = QuotaRequestForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items())
+        messages.error(request, f"The request was not sent: {errors}")
+        return redirect("project-requests", slug=project.slug)
+    try:
+        quota_requests.quota_request_create(
+            actor=_user(request), project=project, **form.cleaned_data
+        )
+        messages.success(request, "Quota request sent to the operators.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("project-requests", slug=project.slug)
+
+
+@login_required
+@require_POST
+def project_limits(request: HttpRequest, slug: str) -> HttpResponse:
+    project = project_get_visible(user=_user(request), slug=slug)
+    form = OwnerLimitsForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Enter a whole number of GPUs, or leave it blank for no cap.")
+        return redirect("project-requests", slug=project.slug)
+    try:
+        quota_requests.quota_owner_limits_set(
+            actor=_user(request),
+            project=project,
+            max_gpus_per_member=form.cleaned_data["max_gpus_per_member"],
+        )
+        messages.success(request, "Limits saved.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("project-requests", slug=project.slug)
+
+
+@staff_required
+@require_POST
+def quota_request_decide(request: HttpRequest, request_id: int) -> HttpResponse:
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose approve or decline.")
+        return redirect("request-queue")
+    try:
+        if form.cleaned_data["decision"] == "approve":
+            quota_requests.quota_request_approve(
+                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
+            )
+            messages.success(request, "Approved: the quota changed.")
+        else:
+            quota_requests.quota_request_decline(
+                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
+            )
+            messages.success(request, "Declined.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("request-queue")

@@ -11,6 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
+from portal.errors import PermissionDenied
 from portal.forms import MemberAddForm
 from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
 from portal.middleware import SESSION_KEY
@@ -132,3 +133,64 @@ def node_detail(request: HttpRequest, node_id: int) -> HttpResponse:
         partial="ops/partials/_node_gpus.html",
         context=context,
     )
+
+
+@login_required
+def project_requests(request: HttpRequest, slug: str) -> HttpResponse:
+    """A project's quota and reservation requests, and the limits its owners set: owners ask
+    and edit here, operators see it too; members and viewers are refused."""
+    from billing.forms import ReservationRequestForm
+    from billing.models import Budget, ReservationRequest
+    from scheduler.forms import OwnerLimitsForm, QuotaRequestForm
+    from scheduler.models import QuotaRequest
+
+    user = _user(request)
+    project = project_with_quota(user=user, slug=slug)
+    role = project_role_of(user=user, project=project)
+    if role != Role.OWNER and not user.is_staff:
+        raise PermissionDenied(f"Your role in {project.name} is {role}; requests are for owners.")
+    quota = project.quota
+    context = {
+        "project": project,
+        "quota": quota,
+        "is_owner": role == Role.OWNER,
+        "model_limits": quota.model_limits.select_related("gpu_model").order_by("gpu_model__name"),
+        "quota_requests": QuotaRequest.objects.filter(project=project)
+        .select_related("requested_by", "decided_by", "gpu_model")
+        .order_by("-created_at")[:50],
+        "reservation_requests": ReservationRequest.objects.filter(project=project)
+        .select_related("requested_by", "decided_by", "gpu_model", "plan")
+        .order_by("-created_at")[:50],
+        "budget": Budget.objects.filter(project=project).first(),
+        "quota_form": QuotaRequestForm(),
+        "reservation_form": ReservationRequestForm(),
+        "limits_form": OwnerLimitsForm(initial={"max_gpus_per_member": quota.max_gpus_per_member}),
+    }
+    return render(request, "web/project_requests.html", context)
+
+
+@staff_required
+def request_queue(request: HttpRequest) -> HttpResponse:
+    """Operators: pending quota and reservation requests, oldest first, and recent decisions."""
+    from billing.models import ReservationRequest
+    from scheduler.models import QuotaRequest, RequestStatus
+
+    quota_qs = QuotaRequest.objects.select_related(
+        "project", "project__quota", "requested_by", "decided_by", "gpu_model"
+    )
+    reservation_qs = ReservationRequest.objects.select_related(
+        "project", "requested_by", "decided_by", "gpu_model"
+    )
+    context = {
+        "quota_pending": quota_qs.filter(status=RequestStatus.PENDING).order_by("created_at"),
+        "reservation_pending": reservation_qs.filter(
+            status=ReservationRequest.Status.PENDING
+        ).order_by("created_at"),
+        "quota_decided": quota_qs.exclude(status=RequestStatus.PENDING).order_by("-decided_at")[
+            :20
+        ],
+        "reservation_decided": reservation_qs.exclude(
+            status=ReservationRequest.Status.PENDING
+        ).order_by("-decided_at")[:20],
+    }
+    return render(request, "web/request_queue.html", context)

@@ -78,6 +78,15 @@ def world(team, fleet, make_user):
     invitation = accounts.invitation_create(
         actor=team["owner"], project=a, email=spare.email, role="member", base_url="http://x/"
     )
+    from billing.reservation_requests import reservation_request_create
+    from scheduler.quota_requests import quota_request_create
+
+    quota_request = quota_request_create(
+        actor=team["owner"], project=a, max_gpus=64, justification="matrix"
+    )
+    reservation_request = reservation_request_create(
+        actor=team["owner"], project=a, gpu_model=fleet["h100"], gpus=1, term_months=1
+    )
     email_token = signing.dumps(
         {"uid": team["owner"].pk, "old": team["owner"].email, "new": "owner-new@example.org"},
         salt=accounts.EMAIL_CHANGE_SALT,
@@ -97,6 +106,8 @@ def world(team, fleet, make_user):
         "node": fleet["nodes"]["h1"],
         "node_token": fleet["tokens"]["h1"],
         "invitation": invitation.invitation,
+        "quota_request": quota_request,
+        "reservation_request": reservation_request,
         "invitation_token": invitation.token,
         "email_token": email_token,
         "signup_token": signing.dumps({"email": "matrix@example.org"}, salt=accounts.SIGNUP_SALT),

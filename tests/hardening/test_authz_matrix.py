@@ -170,6 +170,30 @@ RULES: dict[str, Rule] = {
     ),
     "project-audit": Rule({"get": page(403, 403, 200, 404, 200)}),
     "invitation-revoke": Rule({"post": OWNER_WRITE_PAGE}),
+    # --- requests with approval: owners ask and set their own limits, operators decide --------
+    "project-requests": Rule({"get": page(403, 403, 200, 404, 200)}),
+    "quota-request-new": Rule(
+        {"post": OWNER_WRITE_PAGE},
+        body={"post": lambda w: {"max_gpus": "9", "justification": "matrix"}},
+    ),
+    "project-limits": Rule(
+        {"post": OWNER_WRITE_PAGE}, body={"post": lambda w: {"max_gpus_per_member": "1"}}
+    ),
+    "billing:reservation-request-new": Rule(
+        {"post": OWNER_WRITE_PAGE},
+        body={"post": lambda w: {"gpu_model": "H100-80GB-SXM", "gpus": "1", "term_months": "1"}},
+    ),
+    "request-queue": Rule({"get": STAFF_PAGE}),
+    "quota-request-decide": Rule(
+        {"post": page(403, 403, 403, 403, DONE)},
+        params={"request_id": "quota_request"},
+        body={"post": lambda w: {"decision": "decline", "reason": "matrix"}},
+    ),
+    "billing:reservation-request-decide": Rule(
+        {"post": page(403, 403, 403, 403, DONE)},
+        params={"request_id": "reservation_request"},
+        body={"post": lambda w: {"decision": "decline", "reason": "matrix"}},
+    ),
     "member-add": Rule(
         {"get": page(405, 405, 405, 405, 405), "post": OWNER_WRITE_PAGE},
         body={"post": lambda w: {"email": w["spare"].email, "role": "member"}},
@@ -337,6 +361,8 @@ PK_OBJECTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "membership": lambda w: w["membership"].pk,
     "job": lambda w: w["job"].pk,
     "invitation_token": lambda w: w["invitation_token"],
+    "quota_request": lambda w: w["quota_request"].pk,
+    "reservation_request": lambda w: w["reservation_request"].pk,
     "signup_token": lambda w: w["signup_token"],
     "email_token": lambda w: w["email_token"],
     "reset_uid": lambda w: "MQ",
@@ -432,9 +458,9 @@ def test_every_url_has_a_rule():
 
 def fingerprint() -> tuple[Any, ...]:
     """The rows a refused write must not touch."""
-    from billing.models import Budget
+    from billing.models import Budget, ReservationRequest, ReservedPlan
     from portal.models import ApiToken, Invitation, Membership, Project, User
-    from scheduler.models import Job, Node
+    from scheduler.models import Job, Node, Quota, QuotaRequest
 
     return (
         list(Project.objects.order_by("pk").values_list("pk", "slug")),
@@ -445,6 +471,10 @@ def fingerprint() -> tuple[Any, ...]:
         list(Job.objects.order_by("pk").values_list("pk", "state")),
         list(Node.objects.order_by("pk").values_list("pk", "state", "fenced")),
         list(Budget.objects.order_by("pk").values_list("pk", "monthly_amount")),
+        list(Quota.objects.order_by("pk").values_list("pk", "max_gpus", "max_gpus_per_member")),
+        list(QuotaRequest.objects.order_by("pk").values_list("pk", "status")),
+        list(ReservationRequest.objects.order_by("pk").values_list("pk", "status")),
+        ReservedPlan.objects.count(),
     )
 
 
