@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.auth import logout
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render, resolve_url
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render, resolve_url
+from django.urls import reverse
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from portal.audit import request_remote_addr
 from portal.errors import DomainError
@@ -133,3 +136,38 @@ class SecurityHeadersMiddleware:
         )
         response.headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
         return response
+
+
+TWO_FACTOR_OPEN_PATHS = ("/account/two-factor/", "/logout/", "/static/", "/login/")
+
+
+class StaffTwoFactorMiddleware:
+    """Operators (staff) signed in with a session must also have passed a TOTP code
+    (django-otp's `is_verified`): one without a confirmed device is sent to set one up, one
+    with a device to enter a code, before any other page. API calls with a session get 403.
+
+    Personal API tokens and node tokens are not sessions: DRF authenticates them later, and
+    this middleware sees no user for them. `OTP_REQUIRED_FOR_STAFF` turns the rule off."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        user = getattr(request, "user", None)
+        if (
+            settings.OTP_REQUIRED_FOR_STAFF
+            and user is not None
+            and user.is_authenticated
+            and user.is_staff
+            and not user.is_verified()  # type: ignore[union-attr]
+            and not request.path.startswith(TWO_FACTOR_OPEN_PATHS)
+        ):
+            if request.path.startswith("/api/"):
+                return JsonResponse(
+                    {"detail": "Operators must finish two-factor sign-in in the browser first."},
+                    status=403,
+                )
+            has_device = TOTPDevice.objects.filter(user=user, confirmed=True).exists()
+            target = reverse("two-factor-verify" if has_device else "two-factor-setup")
+            return redirect(f"{target}?{urlencode({'next': request.get_full_path()})}")
+        return self.get_response(request)

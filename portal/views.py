@@ -4,6 +4,7 @@ password reset, a project's audit log, API tokens (the project page is in `web`)
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from django.conf import settings
 from django.contrib import messages
@@ -13,9 +14,11 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from portal import accounts, selectors, services
+from portal import accounts, selectors, services, two_factor
 from portal.errors import DomainError, PermissionDenied
 from portal.forms import (
     EmailChangeForm,
@@ -202,7 +205,11 @@ def account(request: HttpRequest) -> HttpResponse:
                     "address changes when you follow it.",
                 )
                 return redirect("account")
-    return render(request, "portal/account.html", {"form": form})
+    return render(
+        request,
+        "portal/account.html",
+        {"form": form, "two_factor_url": reverse("two-factor-setup")},
+    )
 
 
 @login_required
@@ -326,3 +333,67 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("tokens")
+
+
+# ---- two-factor sign-in (portal/two_factor.py) -------------------------------------------------
+
+
+def _safe_next(request: HttpRequest) -> str:
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return reverse("home")
+
+
+@login_required
+def two_factor_setup(request: HttpRequest) -> HttpResponse:
+    user = _user(request)
+    device = two_factor.confirmed_device(user)
+    error = None
+    if request.method == "POST":
+        try:
+            if device is not None:
+                two_factor.device_remove(user=user, token=request.POST.get("token", ""))
+                messages.success(request, "Authenticator removed.")
+                return redirect("two-factor-setup")
+            two_factor.device_confirm(
+                request=request, user=user, token=request.POST.get("token", "")
+            )
+            messages.success(request, "Two-factor sign-in is on.")
+            return redirect(_safe_next(request))
+        except DomainError as exc:
+            error = exc.message
+    context: dict[str, Any] = {"device": device, "error": error, "next": _safe_next(request)}
+    if device is None:
+        pending = two_factor.pending_device(user)
+        context["qr"] = two_factor.qr_data_uri(pending)
+        context["secret"] = two_factor.secret_base32(pending)
+    response = render(
+        request, "portal/two_factor_setup.html", context, status=400 if error else 200
+    )
+    response["Cache-Control"] = "no-store"  # the secret must not linger in caches
+    return response
+
+
+@login_required
+def two_factor_verify(request: HttpRequest) -> HttpResponse:
+    user = _user(request)
+    if two_factor.confirmed_device(user) is None:
+        return redirect(f"{reverse('two-factor-setup')}?next={quote(_safe_next(request))}")
+    error = None
+    if request.method == "POST":
+        try:
+            two_factor.session_verify(
+                request=request, user=user, token=request.POST.get("token", "")
+            )
+            return redirect(_safe_next(request))
+        except DomainError as exc:
+            error = exc.message
+    return render(
+        request,
+        "portal/two_factor_verify.html",
+        {"error": error, "next": _safe_next(request)},
+        status=400 if error else 200,
+    )

@@ -26,6 +26,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     "portal",
     "scheduler",
     "billing",
@@ -45,6 +47,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "portal.middleware.SessionIdleTimeoutMiddleware",
+    "django_otp.middleware.OTPMiddleware",
+    "portal.middleware.StaffTwoFactorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -165,6 +169,28 @@ EMAIL_LINK_MAX_AGE_SECONDS = env.int("EMAIL_LINK_MAX_AGE_SECONDS", default=2 * 8
 PASSWORD_RESET_TIMEOUT = env.int("PASSWORD_RESET_TIMEOUT", default=3600)
 # Per client address: password reset, sign-up and e-mail change requests (they send e-mail).
 ACCOUNT_EMAIL_RATE = env("ACCOUNT_EMAIL_RATE", default="5/hour")
+# Operators (staff) sign in with a TOTP code too (django-otp); one without a device is sent to
+# set one up before any page. Off only where no operator signs in (the test suite's fixtures).
+OTP_REQUIRED_FOR_STAFF = env.bool("OTP_REQUIRED_FOR_STAFF", default=True)
+OTP_TOTP_ISSUER = env("OTP_TOTP_ISSUER", default="GPU Cloud")
+# Optional single sign-on through OpenID Connect (mozilla-django-oidc): on when a client id is set.
+OIDC_RP_CLIENT_ID = env("OIDC_RP_CLIENT_ID", default="")
+OIDC_RP_CLIENT_SECRET = env("OIDC_RP_CLIENT_SECRET", default="")
+OIDC_RP_SIGN_ALGO = env("OIDC_RP_SIGN_ALGO", default="RS256")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env("OIDC_OP_AUTHORIZATION_ENDPOINT", default="")
+OIDC_OP_TOKEN_ENDPOINT = env("OIDC_OP_TOKEN_ENDPOINT", default="")
+OIDC_OP_USER_ENDPOINT = env("OIDC_OP_USER_ENDPOINT", default="")
+OIDC_OP_JWKS_ENDPOINT = env("OIDC_OP_JWKS_ENDPOINT", default="")
+OIDC_RP_SCOPES = "openid email profile"
+# A first OIDC sign-in creates an account only where open sign-up is on; otherwise the address
+# must already have one (by invitation). The provider must vouch for the address.
+OIDC_CREATE_USER = env.bool("OIDC_CREATE_USER", default=SIGNUP_OPEN)
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+if OIDC_ENABLED:
+    INSTALLED_APPS.append("mozilla_django_oidc")
+    AUTHENTICATION_BACKENDS.append("portal.oidc.EmailOIDCBackend")
+    LOGIN_REDIRECT_URL_FAILURE = "/login/"
 CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True

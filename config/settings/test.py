@@ -14,6 +14,9 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+# The suite's operators sign in with `force_login` and no phone; the two-factor rule is tested
+# with it on (tests/portal/test_two_factor.py), and so does the authorization matrix.
+OTP_REQUIRED_FOR_STAFF = False
 # One test run (and the processes it starts) shares a prefix that no other run uses.
 TEST_RUN_ID = os.environ.setdefault("TEST_RUN_ID", str(os.getpid()))
 CACHES["default"]["KEY_PREFIX"] = f"test-{TEST_RUN_ID}"  # noqa: F405

@@ -87,6 +87,9 @@ def world(team, fleet, make_user):
     reservation_request = reservation_request_create(
         actor=team["owner"], project=a, gpu_model=fleet["h100"], gpus=1, term_months=1
     )
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    staff_device = TOTPDevice.objects.create(user=staff, name="matrix", confirmed=True)
     email_token = signing.dumps(
         {"uid": team["owner"].pk, "old": team["owner"].email, "new": "owner-new@example.org"},
         salt=accounts.EMAIL_CHANGE_SALT,
@@ -106,6 +109,7 @@ def world(team, fleet, make_user):
         "node": fleet["nodes"]["h1"],
         "node_token": fleet["tokens"]["h1"],
         "invitation": invitation.invitation,
+        "staff_device": staff_device,
         "quota_request": quota_request,
         "reservation_request": reservation_request,
         "invitation_token": invitation.token,
