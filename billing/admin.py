@@ -23,6 +23,7 @@ from billing.models import (
     Notification,
     PriceVersion,
     ProjectBilling,
+    ReservationRequest,
     ReservedPlan,
     StripeEvent,
     UsageRecord,
@@ -275,3 +276,12 @@ class CreditApplicationAdmin(ReadOnlyAdmin):
 @admin.register(InvoiceLine)
 class InvoiceLineAdmin(ReadOnlyAdmin):
     list_display = ["__str__"]
+
+
+@admin.register(ReservationRequest)
+class ReservationRequestAdmin(ReadOnlyAdmin):
+    """Decided on the operators' requests page (/ops/requests/), where approving creates the plan."""
+
+    list_display = ["project", "gpu_model", "gpus", "term_months", "status", "created_at", "plan"]
+    list_filter = ["status", "term_months"]
+    search_fields = ["project__slug", "requested_by__email"]

@@ -12,7 +12,15 @@ from django.http import HttpRequest
 
 from portal.audit import audit_record
 from portal.forms import AdminLoginForm
-from portal.models import ApiToken, AuditEvent, IdempotencyKey, Membership, Project, User
+from portal.models import (
+    ApiToken,
+    AuditEvent,
+    IdempotencyKey,
+    Invitation,
+    Membership,
+    Project,
+    User,
+)
 
 
 class AuditedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -131,3 +139,21 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
     list_filter = ["method", "status_code"]
     search_fields = ["user__email", "path"]
     exclude = ["response_sealed"]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(ReadOnlyAdmin):
+    """Owners invite and revoke on the project page; operators look here."""
+
+    list_display = [
+        "email",
+        "project",
+        "role",
+        "created_at",
+        "expires_at",
+        "accepted_at",
+        "revoked_at",
+    ]
+    list_filter = ["role"]
+    search_fields = ["email", "project__slug"]
+    exclude = ["token_hash"]

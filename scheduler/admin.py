@@ -20,6 +20,7 @@ from scheduler.models import (
     Pool,
     Quota,
     QuotaModelLimit,
+    QuotaRequest,
     SlurmJob,
     SlurmPool,
 )
@@ -229,3 +230,12 @@ class QuotaModelLimitAdmin(AuditedAdmin):
     list_display = ["quota", "gpu_model", "max_gpus"]
     list_filter = ["gpu_model"]
     search_fields = ["quota__project__slug"]
+
+
+@admin.register(QuotaRequest)
+class QuotaRequestAdmin(ReadOnlyAdmin):
+    """Decided on the operators' requests page (/ops/requests/), where approving applies it."""
+
+    list_display = ["project", "requested_by", "status", "created_at", "decided_by", "decided_at"]
+    list_filter = ["status"]
+    search_fields = ["project__slug", "requested_by__email"]
