@@ -138,3 +138,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]
+if settings.OIDC_ENABLED:  # optional single sign-on through OpenID Connect (portal/oidc.py)
+    urlpatterns.append(path("oidc/", include("mozilla_django_oidc.urls")))

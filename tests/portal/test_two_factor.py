@@ -108,3 +108,25 @@ def test_oidc_backend_matches_verified_addresses_only(make_user, settings):
     assert not backend.filter_users_by_claims(
         {"email": "sso@example.org", "email_verified": False}
     ).exists()
+
+
+@pytest.mark.urls("tests.portal.oidc_urls")
+def test_oidc_sign_in_starts_at_the_provider_when_configured(client, settings):
+    settings.OIDC_ENABLED = True
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "mozilla_django_oidc"]
+    settings.OIDC_RP_CLIENT_ID = "portal-client"
+    settings.OIDC_RP_CLIENT_SECRET = "secret"
+    settings.OIDC_OP_AUTHORIZATION_ENDPOINT = "https://idp.example.org/authorize"
+    settings.OIDC_OP_TOKEN_ENDPOINT = "https://idp.example.org/token"
+    settings.OIDC_OP_USER_ENDPOINT = "https://idp.example.org/userinfo"
+    settings.OIDC_OP_JWKS_ENDPOINT = "https://idp.example.org/jwks"
+    assert "Sign in with your organisation" in client.get("/login/").content.decode()
+    resp = client.get("/oidc/authenticate/")
+    assert resp.status_code == 302
+    location = resp["Location"]
+    assert location.startswith("https://idp.example.org/authorize?")
+    assert "client_id=portal-client" in location and "state=" in location and "nonce=" in location
+
+
+def test_login_page_has_no_sso_button_by_default(client):
+    assert "Sign in with your organisation" not in client.get("/login/").content.decode()
