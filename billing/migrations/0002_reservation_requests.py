@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('billing', '0001_ledger_prices_plans_invoices'),
         ('portal', '0004_invitations'),
-        ('scheduler', '0007_quota_requests_and_member_cap'),
+        ('scheduler', '0008_quota_requests_and_member_cap'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('portal', '0004_invitations'),
-        ('scheduler', '0006_quotas_from_portal'),
+        ('scheduler', '0007_pool_scorer_and_policy_choices'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
