@@ -18,9 +18,9 @@ from portal.audit import audit_record
 from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
 from portal.mail import send_after_commit
 from portal.models import Project, Role, User
+from portal.selectors import operator_emails, project_owner_emails
 from portal.services import require_role
 from scheduler.models import GpuModel
-from scheduler.quota_requests import operator_emails, owner_emails
 
 
 @transaction.atomic
@@ -83,7 +83,9 @@ def _decidable(request_id: int, actor: User) -> ReservationRequest:
 
 
 def _tell(request: ReservationRequest, verdict: str, detail: str) -> None:
-    to = sorted({*owner_emails(request.project), getattr(request.requested_by, "email", "")})
+    to = sorted(
+        {*project_owner_emails(project=request.project), getattr(request.requested_by, "email", "")}
+    )
     send_after_commit(
         subject=f"Reservation request for {request.project.name} {verdict}",
         body=f"Your request to reserve {request.summary()} was {verdict}.{detail}",

@@ -73,3 +73,18 @@ def audit_events_of(*, project: Project) -> QuerySet[AuditEvent]:
         .select_related("actor")
         .order_by("-created_at", "-pk")
     )
+
+
+def project_owner_emails(*, project: Project) -> list[str]:
+    return sorted(
+        Membership.objects.filter(project=project, role=Role.OWNER).values_list(
+            "user__email", flat=True
+        )
+    )
+
+
+def operator_emails() -> list[str]:
+    """Active operators (staff): who is told of requests waiting for a decision."""
+    return sorted(
+        User.objects.filter(is_staff=True, is_active=True).values_list("email", flat=True)
+    )

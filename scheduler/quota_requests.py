@@ -15,25 +15,12 @@ from django.utils import timezone
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
 from portal.mail import send_after_commit
-from portal.models import Membership, Project, Role, User
+from portal.models import Project, Role, User
+from portal.selectors import operator_emails, project_owner_emails
 from portal.services import require_role
 from scheduler.models import GpuModel, Quota, QuotaModelLimit, QuotaRequest, RequestStatus
 
 MAX_REQUESTED = 100_000
-
-
-def operator_emails() -> list[str]:
-    return sorted(
-        User.objects.filter(is_staff=True, is_active=True).values_list("email", flat=True)
-    )
-
-
-def owner_emails(project: Project) -> list[str]:
-    return sorted(
-        Membership.objects.filter(project=project, role=Role.OWNER).values_list(
-            "user__email", flat=True
-        )
-    )
 
 
 def _positive(value: int | None, field: str) -> int | None:
@@ -115,7 +102,9 @@ def _decidable(request_id: int, actor: User) -> QuotaRequest:
 
 
 def _tell(request: QuotaRequest, verdict: str, reason: str) -> None:
-    to = sorted({*owner_emails(request.project), getattr(request.requested_by, "email", "")})
+    to = sorted(
+        {*project_owner_emails(project=request.project), getattr(request.requested_by, "email", "")}
+    )
     send_after_commit(
         subject=f"Quota request for {request.project.name} {verdict}",
         body=(
