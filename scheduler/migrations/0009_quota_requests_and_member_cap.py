@@ -9,8 +9,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0004_invitations'),
-        ('scheduler', '0007_pool_scorer_and_policy_choices'),
+        ('portal', '0005_invitations'),
+        ('scheduler', '0008_job_manifest_fields'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

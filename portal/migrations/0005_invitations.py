@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0003_quotas_to_scheduler'),
+        ('portal', '0004_idempotency_keys'),
     ]
 
     operations = [
