@@ -55,7 +55,7 @@ class MembershipViewSet(
 
     @extend_schema(
         request=MembershipCreateSerializer,
-        responses={201: InvitationSerializer},
+        responses=InvitationSerializer,
         description=(
             "Invite an e-mail address (owners): an invitation is e-mailed and the person joins "
             "when they accept it. The answer is the same whether the address has an account."
