@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('portal', '0005_invitations'),
-        ('scheduler', '0008_job_manifest_fields'),
+        ('scheduler', '0009_slurm_backend'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
