@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('billing', '0001_ledger_prices_plans_invoices'),
-        ('portal', '0005_invitations'),
+        ('portal', '0006_invitations'),
         ('scheduler', '0010_quota_requests_and_member_cap'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

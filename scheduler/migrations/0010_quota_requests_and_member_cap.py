@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0005_invitations'),
+        ('portal', '0006_invitations'),
         ('scheduler', '0009_slurm_backend'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0004_idempotency_keys'),
+        ('portal', '0005_api_token_scope_expiry'),
     ]
 
     operations = [
