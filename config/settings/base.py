@@ -60,8 +60,8 @@ MIDDLEWARE = [
 ROOT_URLCONF = env("PORTAL_URLCONF", default="config.urls")
 WSGI_APPLICATION = "config.wsgi.application"
 AUTH_USER_MODEL = "portal.User"
+# Every login path checks the lockout (portal/auth_events.py); OIDC adds its backend below.
 # Every login path checks the lockout (portal/auth_events.py).
-AUTHENTICATION_BACKENDS = ["portal.auth_events.ThrottledModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -186,7 +186,7 @@ OIDC_RP_SCOPES = "openid email profile"
 # must already have one (by invitation). The provider must vouch for the address.
 OIDC_CREATE_USER = env.bool("OIDC_CREATE_USER", default=SIGNUP_OPEN)
 OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
-AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+AUTHENTICATION_BACKENDS = ["portal.auth_events.ThrottledModelBackend"]  # the lockout on every path
 if OIDC_ENABLED:
     INSTALLED_APPS.append("mozilla_django_oidc")
     AUTHENTICATION_BACKENDS.append("portal.oidc.EmailOIDCBackend")
