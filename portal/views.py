@@ -115,7 +115,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
                     full_name=form.cleaned_data["full_name"],
                     password=form.cleaned_data["password1"],
                 )
-                login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+                login(request, user, backend="portal.auth_events.ThrottledModelBackend")
             else:
                 user = None
         except DomainError as exc:
@@ -172,7 +172,7 @@ def signup_verify(request: HttpRequest, token: str) -> HttpResponse:
         except DomainError as exc:
             form.add_error("password1" if exc.field == "password" else None, exc.message)
         else:
-            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            login(request, user, backend="portal.auth_events.ThrottledModelBackend")
             messages.success(request, "Your account is ready. Create a project to start.")
             return redirect("project-new")
     response = render(request, "portal/signup_verify.html", {"form": form, "email": email})
