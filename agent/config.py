@@ -88,7 +88,8 @@ class Config:
         return cls(
             portal_url=args.portal_url,
             token=token,
-            workdir=Path(args.workdir) if args.workdir else default_workdir(),
+            # absolute: the engine and the jobs run elsewhere than the agent's own cwd
+            workdir=Path(args.workdir).resolve() if args.workdir else default_workdir(),
             simulate=args.simulate,
             sim_gpus=args.sim_gpus,
             sim_seed=args.sim_seed,

@@ -515,6 +515,8 @@ def test_config_from_env_and_flags(tmp_path: Path) -> None:
     assert cfg.workdir == tmp_path / "w"
     assert (cfg.heartbeat_interval_s, cfg.poll_interval_s) == (7.5, 1.5)
     assert TOKEN not in repr(cfg)
+    relative = Config.from_args(["--workdir", "var/agents/n1"], {**env, "AGENT_WORKDIR": ""})
+    assert relative.workdir.is_absolute() and relative.workdir.parts[-3:] == ("var", "agents", "n1")
     with pytest.raises(SystemExit):
         Config.from_args([], {"PORTAL_URL": "http://x"})  # no token
     with pytest.raises(SystemExit):
