@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 from portal.errors import DomainError
 from portal.htmx import render_partial_or_page
 from portal.models import User
+from scheduler.core.reasons import PendingReason
 from scheduler.models import Autoscaler, Gpu, Job, JobState, Node, Pool
 from scheduler.nodes import loss_storm, node_set_state
 from scheduler.selectors import latest_telemetry
@@ -150,10 +151,21 @@ def pool_list(request: HttpRequest) -> HttpResponse:
         for s in pool.autoscalers.all():
             scalers.append({"scaler": s, "decisions": list(s.decisions.all()[:8])})
         rows.append({"pool": pool, "scalers": scalers, "slurm": getattr(pool, "slurm", None)})
-    queue = (
-        Job.objects.filter(state=JobState.QUEUED)
+    queue = [
+        {**q, "reason": reason_label(q["pending_reason"])}
+        for q in Job.objects.filter(state=JobState.QUEUED)
         .values("gpu_model__name", "pending_reason")
         .annotate(jobs=Count("pk"))
         .order_by("gpu_model__name")
-    )
+    ]
     return render(request, "ops/pool_list.html", {"rows": rows, "queue": queue})
+
+
+def reason_label(code: str) -> str:
+    """A pending reason in words for a page ('' before the first cycle has planned the job)."""
+    if not code:
+        return ""
+    try:
+        return PendingReason(code).label
+    except ValueError:  # a reason from elsewhere (a Slurm pool's words): shown as it is
+        return code

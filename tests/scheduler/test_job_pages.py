@@ -142,3 +142,36 @@ def test_lists_say_which_model_a_job_without_one_landed_on(logged_in):
     model = job.allocations.get().gpu_model.name
     for page in ("/jobs/", "/"):
         assert f"(on {model})" in logged_in.get(page).content.decode(), page
+
+
+def test_the_poll_that_sees_a_job_end_removes_the_cancel_button(logged_in):
+    logged_in.post("/jobs/new/", FORM)
+    job = Job.objects.get()
+    page = logged_in.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="job-cancel"' in page and 'data-testid="cancel"' in page
+    running = logged_in.get(f"/jobs/{job.pk}/", HTTP_HX_REQUEST="true").content.decode()
+    assert "hx-swap-oob" not in running  # still cancellable: the button stays
+    logged_in.post(f"/jobs/{job.pk}/cancel/")
+    ended = logged_in.get(f"/jobs/{job.pk}/", HTTP_HX_REQUEST="true").content.decode()
+    assert '<div id="job-cancel" hx-swap-oob="true"></div>' in ended
+    assert 'data-testid="cancel"' not in logged_in.get(f"/jobs/{job.pk}/").content.decode()
+
+
+def test_a_researcher_on_an_operator_page_gets_the_portals_403(logged_in):
+    resp = logged_in.get("/ops/nodes/")
+    assert resp.status_code == 403
+    html = resp.content.decode()
+    assert 'data-testid="forbidden"' in html and "Operators only." in html
+    assert "Back to the dashboard" in html and "<nav" in html  # the portal's own page
+
+
+def test_the_pools_page_names_pending_reasons_in_words(client, team, fleet, make_user):
+    from django.test import override_settings
+
+    client.force_login(team["member"])
+    client.post("/jobs/new/", FORM)
+    Job.objects.update(pending_reason="no_matching_gpu")  # as a cycle writes it
+    client.force_login(make_user(staff=True))
+    with override_settings(OTP_REQUIRED_FOR_STAFF=False):
+        html = client.get("/ops/pools/").content.decode()
+    assert "No matching GPU" in html and "no_matching_gpu" not in html
