@@ -14,11 +14,12 @@ from django.utils import timezone
 from billing import pricing
 from billing.models import ReservationRequest
 from billing.services import account_open_for_project, reserved_plan_create
+from portal.approvals import request_for_decision, tell_requester
 from portal.audit import audit_record
-from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
+from portal.errors import DomainError
 from portal.mail import send_after_commit
 from portal.models import Project, Role, User
-from portal.selectors import operator_emails, project_owner_emails
+from portal.selectors import operator_emails
 from portal.services import require_role
 from scheduler.models import GpuModel
 
@@ -67,29 +68,19 @@ def reservation_request_create(
 
 
 def _decidable(request_id: int, actor: User) -> ReservationRequest:
-    if not actor.is_staff:
-        raise PermissionDenied("Only operators decide reservation requests.")
-    request = (
-        ReservationRequest.objects.select_for_update(of=("self",))
-        .select_related("project", "requested_by", "gpu_model")
-        .filter(pk=request_id)
-        .first()
+    return request_for_decision(
+        ReservationRequest.objects.select_related("project", "requested_by", "gpu_model"),
+        request_id=request_id,
+        actor=actor,
+        what="reservation request",
     )
-    if request is None:
-        raise NotFound("No such reservation request.")
-    if request.status != ReservationRequest.Status.PENDING:
-        raise Conflict(f"This request was already {request.status}.")
-    return request
 
 
 def _tell(request: ReservationRequest, verdict: str, detail: str) -> None:
-    to = sorted(
-        {*project_owner_emails(project=request.project), getattr(request.requested_by, "email", "")}
-    )
-    send_after_commit(
+    tell_requester(
+        request,
         subject=f"Reservation request for {request.project.name} {verdict}",
         body=f"Your request to reserve {request.summary()} was {verdict}.{detail}",
-        to=to,
     )
 
 

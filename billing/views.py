@@ -17,6 +17,7 @@ from billing import exports, gateway, pricing, selectors, services
 from billing.forms import BudgetForm
 from billing.models import InvoiceLine
 from portal.errors import DomainError, NotFound, PermissionDenied
+from portal.forms import errors_in_words
 from portal.htmx import render_partial_or_page
 from portal.models import Role, User
 from portal.selectors import project_get_visible, project_role_of
@@ -209,8 +210,7 @@ def reservation_request_new(request: HttpRequest, slug: str) -> HttpResponse:
     project = project_get_visible(user=_user(request), slug=slug)
     form = ReservationRequestForm(request.POST)
     if not form.is_valid():
-        errors = "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items())
-        messages.error(request, f"The request was not sent: {errors}")
+        messages.error(request, f"The request was not sent: {errors_in_words(form)}")
         return redirect("project-requests", slug=project.slug)
     try:
         reservation_requests.reservation_request_create(

@@ -91,3 +91,8 @@ class SignupRequestForm(forms.Form):
 class EmailChangeForm(forms.Form):
     new_email = forms.EmailField(max_length=254, label="New e-mail address")
     password = forms.CharField(label="Current password", widget=forms.PasswordInput, strip=False)
+
+
+def errors_in_words(form: forms.Form) -> str:
+    """A form's errors on one line ('gpus: Enter a whole number.; term: ...'), for a message."""
+    return "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items())

@@ -12,11 +12,12 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from portal.approvals import request_for_decision, tell_requester
 from portal.audit import audit_record
-from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
+from portal.errors import DomainError
 from portal.mail import send_after_commit
 from portal.models import Project, Role, User
-from portal.selectors import operator_emails, project_owner_emails
+from portal.selectors import operator_emails
 from portal.services import require_role
 from scheduler.models import GpuModel, Quota, QuotaModelLimit, QuotaRequest, RequestStatus
 
@@ -86,26 +87,17 @@ def quota_request_create(
 
 
 def _decidable(request_id: int, actor: User) -> QuotaRequest:
-    if not actor.is_staff:
-        raise PermissionDenied("Only operators decide quota requests.")
-    request = (
-        QuotaRequest.objects.select_for_update(of=("self",))
-        .select_related("project", "requested_by", "gpu_model")
-        .filter(pk=request_id)
-        .first()
+    return request_for_decision(
+        QuotaRequest.objects.select_related("project", "requested_by", "gpu_model"),
+        request_id=request_id,
+        actor=actor,
+        what="quota request",
     )
-    if request is None:
-        raise NotFound("No such quota request.")
-    if request.status != RequestStatus.PENDING:
-        raise Conflict(f"This request was already {request.status}.")
-    return request
 
 
 def _tell(request: QuotaRequest, verdict: str, reason: str) -> None:
-    to = sorted(
-        {*project_owner_emails(project=request.project), getattr(request.requested_by, "email", "")}
-    )
-    send_after_commit(
+    tell_requester(
+        request,
         subject=f"Quota request for {request.project.name} {verdict}",
         body=(
             f"Your quota request for {request.project.name} ("
@@ -113,7 +105,6 @@ def _tell(request: QuotaRequest, verdict: str, reason: str) -> None:
             + f") was {verdict}."
             + (f"\n\nReason: {reason}" if reason else "")
         ),
-        to=to,
     )
 
 

@@ -10,6 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.errors import DomainError
+from portal.forms import errors_in_words
 from portal.htmx import render_partial_or_page, wants_partial
 from portal.models import Role, User
 from portal.params import whole_number
@@ -218,8 +219,7 @@ def quota_request_new(request: HttpRequest, slug: str) -> HttpResponse:
     project = project_get_visible(user=_user(request), slug=slug)
     form = QuotaRequestForm(request.POST)
     if not form.is_valid():
-        errors = "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items())
-        messages.error(request, f"The request was not sent: {errors}")
+        messages.error(request, f"The request was not sent: {errors_in_words(form)}")
         return redirect("project-requests", slug=project.slug)
     try:
         quota_requests.quota_request_create(
