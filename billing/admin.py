@@ -123,8 +123,16 @@ class ReservedPlanAdmin(AuditedAdmin):
     ]
     list_filter = ["gpu_model", "term_months"]
     search_fields = ["account__name", "project__slug"]
-    readonly_fields = ["ends_at", "monthly_fee", "price_version", "created_at"]
+    readonly_fields = ["ends_at", "monthly_fee", "price_version", "supersedes", "created_at"]
     autocomplete_fields = ["account", "project"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        """Once a plan exists only its project may change: the rest is frozen under its fee
+        (a change of GPUs or start is a new plan version, `reserved_plan_revise`)."""
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is not None:
+            fields += ["account", "gpu_model", "gpus", "term_months", "starts_at"]
+        return fields
 
     def save_model(self, request: HttpRequest, obj: Model, form: ModelForm, change: bool) -> None:  # type: ignore[type-arg]
         assert isinstance(obj, ReservedPlan)

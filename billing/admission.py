@@ -20,8 +20,39 @@ from billing import pricing, selectors
 from billing.models import Budget, ProjectBilling
 from portal.db import AnyOf, CompiledQuery
 from portal.models import Project
+from portal.money import format_money
 from scheduler.admission import JobSpec, Verdict
+from scheduler.core.model import MILLI, billed_share_milli
+from scheduler.core.reasons import format_duration
 from scheduler.models import GpuModel
+
+
+def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
+    """What admitting `spec` commits under a hard cap, and how it was reckoned: its GPUs as
+    billed (`billed_share_milli`, on a device that is not time-sliced) × the rate of its model
+    (the dearest it may land on when it names none) × its time limit, or
+    BILLING_CAP_ASSUMED_HOURS when it has none (the cap's enforcement stops it anyway)."""
+    model = spec.gpu_model
+    if model is None:
+        candidates = GpuModel.objects.filter(is_active=True, memory_gb__gte=spec.min_gpu_memory_gb)
+        if spec.gpu_models:
+            candidates = candidates.filter(name__in=list(spec.gpu_models))
+        model = candidates.order_by("-price_per_gpu_hour").first()
+    if model is None:
+        return Decimal(0), "no model it may run on"
+    rate = selectors.quote_rate(gpu_model=model, preemptible=spec.preemptible)
+    billed = billed_share_milli(
+        min(spec.gpu_milli, MILLI), MILLI, spec.gpu_memory_mib, model.memory_mib
+    )
+    gpus = Decimal(billed * spec.gpu_count * spec.shard_count) / MILLI
+    if spec.time_limit_s:
+        hours = Decimal(spec.time_limit_s) / 3600
+        how = f"{format_duration(spec.time_limit_s)} time limit"
+    else:
+        hours = Decimal(str(settings.BILLING_CAP_ASSUMED_HOURS))
+        how = f"no time limit: {hours.normalize()} h assumed"
+    cost = pricing.to_cents(rate * gpus * hours)
+    return cost, f"{format_money(cost)} expected ({gpus.normalize()} × {model.name}, {how})"
 
 
 def _preemptible_offer(spec: JobSpec) -> str:
@@ -35,7 +66,10 @@ def _preemptible_offer(spec: JobSpec) -> str:
     if model is None:
         return "Resubmit it as preemptible"
     rate = selectors.quote_rate(gpu_model=model, preemptible=True)
-    return f"Resubmit it as preemptible ({model.name} at ${rate}/GPU-hour on idle GPUs; it may be stopped)"
+    return (
+        f"Resubmit it as preemptible ({model.name} at {format_money(rate, places=4)}/GPU-hour "
+        "on idle GPUs; it may be stopped)"
+    )
 
 
 class Standing(NamedTuple):
@@ -79,23 +113,28 @@ def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict |
     if monthly_amount is None:
         return None
     spent = pricing.to_cents(selectors.project_spend(project_ids={project.pk}, now=now)[project.pk])
-    note = f"budget: ${spent} of ${monthly_amount} this month"
-    if not hard_cap or spent < monthly_amount:
+    note = f"budget: {format_money(spent)} of {format_money(monthly_amount)} this month"
+    if not hard_cap:
         return Verdict(True, quota_notes=(note,))
+    # a hard cap holds: the job's own expected cost counts at admission
+    expected, how = expected_cost(spec)
+    if spent + expected <= monthly_amount:
+        return Verdict(True, quota_notes=(note, how))
     ceiling = monthly_amount * (100 + (allowance or 0)) / 100
-    if spec.preemptible and spent < ceiling:
-        return Verdict(True, quota_notes=(note, "over budget: admitted as preemptible work"))
+    if spec.preemptible and spent + expected <= ceiling:
+        return Verdict(True, quota_notes=(note, how, "over budget: admitted as preemptible work"))
     if spec.preemptible:
         return Verdict(
             False,
-            reason=f"Budget exhausted: {project.name} has spent ${spent}, beyond its "
-            f"${monthly_amount} monthly budget and the preemptible allowance. Ask an "
-            "owner to raise the budget.",
+            reason=f"Budget exhausted: {project.name} has spent {format_money(spent)}, and "
+            f"this job's {how} would take it beyond its {format_money(monthly_amount)} "
+            "monthly budget and the preemptible allowance. Ask an owner to raise the budget.",
         )
     return Verdict(
         False,
-        reason=f"Budget exhausted: {project.name} has spent ${spent} of its "
-        f"${monthly_amount} monthly budget. {_preemptible_offer(spec)}, or ask an owner "
+        reason=f"Budget exhausted: {project.name} has spent {format_money(spent)} of its "
+        f"{format_money(monthly_amount)} monthly budget (hard cap), and this job's {how} would "
+        f"exceed it. {_preemptible_offer(spec)}, set a shorter time limit, or ask an owner "
         "to raise the budget.",
     )
 
@@ -120,3 +159,17 @@ def projects_over_budget(*, project_ids: set[int]) -> set[int]:
             if spend.get(budget.project_id, Decimal(0)) >= ceiling:
                 out.add(budget.project_id)
     return out
+
+
+def projects_at_cap(*, project_ids: set[int]) -> set[int]:
+    """The scheduler port `BUDGET_CAPPED`: projects at their hard cap, whose queued
+    non-preemptible jobs wait (a job the cap stopped does not start again)."""
+    if not project_ids:
+        return set()
+    budgets = list(Budget.objects.filter(AnyOf(F("project_id"), list(project_ids)), hard_cap=True))
+    if not budgets:
+        return set()
+    spend = selectors.project_spend(project_ids={b.project_id for b in budgets})
+    return {
+        b.project_id for b in budgets if spend.get(b.project_id, Decimal(0)) >= b.monthly_amount
+    }

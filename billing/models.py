@@ -9,6 +9,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -109,6 +110,19 @@ class BillingAccount(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        """One currency for the installation (docs/billing.md, "Currency"): the price list is
+        in it, so an account in another would get invoices labelled in one currency carrying
+        amounts of another."""
+        super().clean()
+        if self.currency.lower() != settings.BILLING_CURRENCY:
+            raise ValidationError(
+                {
+                    "currency": f"This installation bills in {settings.BILLING_CURRENCY.upper()} "
+                    "only (BILLING_CURRENCY); its prices are in that currency."
+                }
+            )
+
 
 class ProjectBilling(models.Model):
     """Which account a project's usage is billed to."""
@@ -154,7 +168,27 @@ class ReservedPlan(models.Model):
     ends_at = models.DateTimeField()
     monthly_fee = models.DecimalField(max_digits=12, decimal_places=2)
     price_version = models.ForeignKey(PriceVersion, on_delete=models.PROTECT, related_name="+")
+    supersedes = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="superseded_by",
+        help_text="The plan version this one replaced (a change of GPUs or start).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    # what the fee was frozen against: a change is a new plan version (`reserved_plan_revise`)
+    FROZEN_FIELDS = (
+        "account_id",
+        "gpu_model_id",
+        "gpus",
+        "term_months",
+        "starts_at",
+        "ends_at",
+        "monthly_fee",
+        "price_version_id",
+    )
 
     class Meta:
         ordering = ["-starts_at"]
@@ -173,6 +207,23 @@ class ReservedPlan(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpus} × {self.gpu_model_id} for {self.term_months} months ({self.account})"
+
+    def clean(self) -> None:
+        """A plan's GPUs, start, term and fee are frozen once it exists: a change is a new
+        plan version (the service `reserved_plan_revise`), never an edit under the fee."""
+        super().clean()
+        if self.pk is None:
+            return
+        old = ReservedPlan.objects.filter(pk=self.pk).values(*self.FROZEN_FIELDS).first()
+        if old is None:
+            return
+        changed = [f for f in self.FROZEN_FIELDS if getattr(self, f) != old[f]]
+        if changed:
+            raise ValidationError(
+                "A reserved plan's GPUs, start, term and fee cannot change under its frozen "
+                f"fee ({', '.join(f.removesuffix('_id') for f in changed)}): revise it into "
+                "a new plan version instead."
+            )
 
 
 class CreditGrant(models.Model):

@@ -127,6 +127,74 @@ def add_months(moment: datetime, months: int) -> datetime:
     return moment.replace(year=year, month=month, day=min(moment.day, last_day))
 
 
+def plan_months(starts_at: datetime, ends_at: datetime) -> list[tuple[datetime, datetime]]:
+    """A reserved plan's months: [start + k months, start + k + 1 months), the last one cut at
+    `ends_at`. A plan is billed per plan month, not per calendar month."""
+    out: list[tuple[datetime, datetime]] = []
+    k = 0
+    while True:
+        left = add_months(starts_at, k)
+        if left >= ends_at:
+            return out
+        out.append((left, min(add_months(starts_at, k + 1), ends_at)))
+        k += 1
+
+
+def plan_fees(
+    *, starts_at: datetime, ends_at: datetime, monthly_fee: Decimal, start: datetime, end: datetime
+) -> list[tuple[datetime, Decimal]]:
+    """The fees a plan charges on the invoice of [start, end): its full monthly fee for each
+    plan month that begins in it, dated at that beginning (a plan month cut short by the
+    plan's end is prorated by the second). Whatever day a plan starts, a plan month costs its
+    fee: no calendar-month proration."""
+    out: list[tuple[datetime, Decimal]] = []
+    for left, right in plan_months(starts_at, ends_at):
+        if not start <= left < end:
+            continue
+        whole = int((add_months(left, 1) - left).total_seconds())
+        part = int((right - left).total_seconds())
+        fee = (
+            monthly_fee
+            if part >= whole
+            else prorate(monthly_fee, part_seconds=part, whole_seconds=whole)
+        )
+        out.append((left, fee))
+    return out
+
+
+def draw_credits(
+    grants: Sequence[tuple[int, Decimal, datetime, datetime | None]],
+    charges: Sequence[tuple[datetime, Decimal]],
+    cap: Decimal,
+) -> list[tuple[int, Decimal]]:
+    """Draw credit grants (id, remaining, valid from, valid until or None) against dated
+    charges (moment, amount): a grant pays only for charges inside its validity
+    [from, until). Grants draw in the given order (soonest to expire first), each from the
+    earliest charges it may pay that are still unpaid; all draws together never exceed `cap`
+    (what is due before credits). Amounts are cents; returns (id, drawn) > 0."""
+    left = [[moment, amount] for moment, amount in sorted(charges, key=lambda c: c[0])]
+    budget = max(ZERO, cap)
+    out: list[tuple[int, Decimal]] = []
+    for grant_id, remaining, valid_from, valid_until in grants:
+        take_total = ZERO
+        for charge in left:
+            if budget <= 0 or remaining <= 0:
+                break
+            moment, unpaid = charge
+            if unpaid <= 0 or moment < valid_from:
+                continue
+            if valid_until is not None and moment >= valid_until:
+                break
+            take = min(unpaid, remaining, budget)
+            charge[1] = unpaid - take
+            remaining -= take
+            budget -= take
+            take_total += take
+        if take_total > 0:
+            out.append((grant_id, take_total))
+    return out
+
+
 def slice_interval(
     start: datetime, end: datetime, cuts: Iterable[datetime] = ()
 ) -> list[tuple[datetime, datetime]]:

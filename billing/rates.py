@@ -7,6 +7,7 @@ from collections import defaultdict
 from datetime import datetime
 
 from billing.models import PriceVersion
+from billing.pricing import floor_second
 
 
 class PriceTable:
@@ -16,8 +17,11 @@ class PriceTable:
         self._by_model: dict[int, list[PriceVersion]] = defaultdict(list)
         for version in sorted(versions, key=lambda v: (v.gpu_model_id, v.effective_from)):
             self._by_model[version.gpu_model_id].append(version)
+        # a version takes effect at a whole second (truncated): slices are whole seconds, so
+        # a start inside a second would drop the part of a second before it from both slices
         self._starts = {
-            model: [v.effective_from for v in rows] for model, rows in self._by_model.items()
+            model: [floor_second(v.effective_from) for v in rows]
+            for model, rows in self._by_model.items()
         }
 
     @classmethod

@@ -31,7 +31,6 @@ from billing.rates import PriceTable
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
-from scheduler.core.model import device_share_milli
 from scheduler.models import Allocation, Gpu, GpuModel, Job, Node
 
 ZERO = Decimal(0)
@@ -75,25 +74,24 @@ def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
 
 def shares_cost_per_hour(
     *,
-    shares: list[tuple[GpuModel, int, int]],
+    shares: list[tuple[GpuModel, int]],
     preemptible: bool,
     table: PriceTable | None = None,
     now: datetime | None = None,
 ) -> Decimal:
-    """Scheduler hook: what `(gpu_model, share_milli, capacity_milli)` shares cost per hour at
-    `now`, each billed as metering bills it (`scheduler.core.model.device_share_milli`) at the price
+    """Scheduler hook: what `(gpu_model, billed_milli)` shares cost per hour at `now` (the
+    billed part as metering bills it, `scheduler.core.model.billed_share_milli`) at the price
     version in force (the price list read once, `table` if given)."""
     table = table or PriceTable.load()
     now = now or timezone.now()
     total = ZERO
-    for model, share, capacity in shares:
+    for model, billed in shares:
         version = table.at(model.pk, now)
         rate = (
             version.rate(preemptible=preemptible)
             if version is not None
             else quote_rate(gpu_model=model, preemptible=preemptible)
         )
-        billed = device_share_milli(share_milli=share, capacity_milli=capacity)
         total += rate * billed / pricing.MILLI
     return total
 
@@ -158,9 +156,7 @@ def _open_usage(
             if version is not None
             else quote_rate(gpu_model=alloc.gpu_model, preemptible=preemptible)
         )
-        billed = device_share_milli(
-            share_milli=alloc.share_milli, capacity_milli=alloc.gpu.capacity_milli
-        )
+        billed = alloc.billed_share()
         ms = int((end - begin).total_seconds()) * billed
         out.append((alloc, pricing.usage_amount(ms, rate), ms))
     return out
@@ -191,18 +187,71 @@ def project_spend(*, project_ids: set[int], now: datetime | None = None) -> dict
     return spend
 
 
-def job_cost(job: Job, *, now: datetime | None = None) -> Decimal:
-    """What a job has cost so far (all months, less fault credits), to the cent."""
+def jobs_cost(
+    job_ids: list[int],
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    now: datetime | None = None,
+) -> dict[int, Decimal]:
+    """THE cost of jobs, the one figure every page shows (job page, usage page, efficiency
+    pages, the invoice's jobs): per job, its billable usage records (after reserved coverage,
+    less fault credits) whose slice starts in [since, until), plus what it used that is not
+    metered yet (the open hour, at the current price), summed exactly and rounded once to
+    the cent (ROUND_HALF_UP). Records slice at hour boundaries, so a window is best given in
+    whole hours (months are)."""
     now = now or timezone.now()
-    metered = (
-        UsageRecord.objects.filter(job=job, fault_credit=False).aggregate(t=Sum("amount"))["t"]
-        or ZERO
+    exact: dict[int, Decimal] = {job_id: ZERO for job_id in job_ids}
+    if not exact:
+        return {}
+    records = UsageRecord.objects.filter(job_id__in=list(exact), fault_credit=False)
+    if since is not None:
+        records = records.filter(slice_start__gte=since)
+    if until is not None:
+        records = records.filter(slice_start__lt=until)
+    for job_id, total in (
+        records.values_list("job_id").annotate(total=Sum("amount")).values_list("job_id", "total")
+    ):
+        exact[job_id] += total or ZERO
+    if until is None or until > now:
+        allocs = Allocation.objects.filter(job_id__in=list(exact), started_at__lt=now)
+        if since is not None:
+            allocs = allocs.exclude(ended_at__lt=since)
+        for alloc, amount, _ in _open_usage(allocs, since=since, now=now):
+            exact[alloc.job_id] += amount
+    return {job_id: pricing.to_cents(amount) for job_id, amount in exact.items()}
+
+
+def project_burn_per_hour(*, project_id: int, now: datetime | None = None) -> Decimal:
+    """What the project's running allocations cost per hour now, as metering bills them."""
+    table = PriceTable.load()
+    now = now or timezone.now()
+    return sum(
+        (
+            shares_cost_per_hour(
+                shares=[(alloc.gpu_model, alloc.billed_share())],
+                preemptible=alloc.job.preemptible or alloc.borrowed,
+                table=table,
+                now=now,
+            )
+            for alloc in Allocation.objects.filter(
+                job__project_id=project_id, ended_at__isnull=True, started_at__lt=now
+            ).select_related("job", "gpu", "gpu_model")
+        ),
+        ZERO,
     )
-    open_part = pricing.sum_amounts(
-        amount
-        for _, amount, _ in _open_usage(Allocation.objects.filter(job=job), since=None, now=now)
-    )
-    return pricing.to_cents(metered + open_part)
+
+
+def job_cost(job: Job, *, now: datetime | None = None) -> Decimal:
+    """What a job has cost so far (all months, less fault credits), to the cent: `jobs_cost`."""
+    return jobs_cost([job.pk], now=now)[job.pk]
+
+
+def jobs_cost_port(
+    job_ids: list[int], *, since: datetime | None, now: datetime
+) -> dict[int, Decimal]:
+    """The scheduler port `JOBS_COST` (monitoring's efficiency pages): `jobs_cost`."""
+    return jobs_cost(job_ids, since=since, now=now)
 
 
 def reserved_gpus_by_project(*, now: datetime | None = None) -> dict[str, dict[str, int]]:
@@ -332,17 +381,20 @@ def usage_summary(
         )
         summary.metered += row["cost"] or ZERO
         summary.credited += row["credited_cost"] or ZERO
-    for job_row in (
+    job_rows = list(
         records.values("job_id", "job__name")
         .annotate(ms=Sum("milli_seconds"), cost=Sum("amount", filter=billable))
         .order_by("-cost", "job_id")[:jobs]
-    ):
+    )
+    # the job's cost as every page shows it (`jobs_cost`: the open hour included)
+    costs = jobs_cost([r["job_id"] for r in job_rows], since=start, until=end, now=now)
+    for job_row in job_rows:
         summary.by_job.append(
             JobRow(
                 job_id=job_row["job_id"],
                 name=job_row["job__name"],
                 gpu_hours=pricing.gpu_hours(job_row["ms"] or 0),
-                amount=pricing.to_cents(job_row["cost"] or ZERO),
+                amount=costs[job_row["job_id"]],
             )
         )
     for day_row in (
@@ -371,7 +423,7 @@ def usage_summary(
         burn = sum(
             (
                 shares_cost_per_hour(
-                    shares=[(alloc.gpu_model, alloc.share_milli, alloc.gpu.capacity_milli)],
+                    shares=[(alloc.gpu_model, alloc.billed_share())],
                     preemptible=alloc.job.preemptible or alloc.borrowed,
                     table=table,
                     now=now,
@@ -460,7 +512,8 @@ def invoice_job_summary(*, invoice: Invoice) -> list[dict[str, object]]:
         .values("job_id", "job__name", "project__slug", "gpu_model__name")
         .annotate(
             ms=Sum("milli_seconds"),
-            cost=Sum("amount"),
+            # billable, as `jobs_cost` counts it: fault-credited records are not
+            cost=Sum("amount", filter=Q(fault_credit=False), default=ZERO),
             records=Count("id"),
         )
         .order_by("project__slug", "job_id", "gpu_model__name")
@@ -493,7 +546,6 @@ def revenue_by_model(*, period_start: date, now: datetime | None = None) -> list
     start, end = period_bounds(period_start)
     upto = min(max(now, start), end)
     elapsed = int((upto - start).total_seconds())
-    month = int((end - start).total_seconds())
     usage: dict[int, dict[str, Any]] = {
         row["gpu_model_id"]: dict(row)
         for row in UsageRecord.objects.filter(period_start=period_start)
@@ -512,10 +564,14 @@ def revenue_by_model(*, period_start: date, now: datetime | None = None) -> list
     )
     reserved: dict[int, Decimal] = defaultdict(lambda: ZERO)
     for plan in ReservedPlan.objects.filter(starts_at__lt=upto, ends_at__gt=start):
-        part = int((min(plan.ends_at, upto) - max(plan.starts_at, start)).total_seconds())
-        reserved[plan.gpu_model_id] += pricing.prorate(
-            plan.monthly_fee, part_seconds=max(0, part), whole_seconds=month
-        )
+        for _, fee in pricing.plan_fees(
+            starts_at=plan.starts_at,
+            ends_at=plan.ends_at,
+            monthly_fee=plan.monthly_fee,
+            start=start,
+            end=upto,
+        ):
+            reserved[plan.gpu_model_id] += fee
     rows = []
     for model in GpuModel.objects.filter(pk__in=set(usage) | set(fleet) | set(reserved)).order_by(
         "name"

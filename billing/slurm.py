@@ -193,6 +193,7 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
                     node_id=node_id,
                     attempt=run.attempt,
                     share_milli=1000,
+                    billed_milli=1000,  # a whole GPU
                     gpu_model_id=model_of[gpu_pk],
                     borrowed=borrowed,
                     started_at=run.start,

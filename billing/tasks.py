@@ -19,6 +19,12 @@ def check_budgets() -> int:
     return len(services.budgets_check())
 
 
+@shared_task(name="billing.enforce_caps")  # type: ignore[untyped-decorator]
+def enforce_caps() -> int:
+    """Hard budget caps on running work: notice ahead, then stop (billing/services/budgets.py)."""
+    return len(services.budget_caps_enforce().stopped)
+
+
 @shared_task(name="billing.close_month")  # type: ignore[untyped-decorator]
 def close_month(period: str | None = None) -> int:
     """Meter everything, then fan out one close per account for the month before now (or

@@ -34,7 +34,7 @@ from portal.errors import DomainError
 from portal.models import Project, User
 from portal.params import whole_number
 from scheduler import ports
-from scheduler.core.model import MILLI, device_share_milli
+from scheduler.core.model import MILLI
 from scheduler.core.periods import floor_hour
 from scheduler.models import Allocation, Job, Node
 
@@ -395,19 +395,15 @@ def efficiency_for_jobs(
     allocs = Allocation.objects.filter(job_id__in=ids).select_related("gpu_model", "job", "gpu")
     if since is not None:
         allocs = allocs.exclude(ended_at__lt=since)
-    rates: dict[tuple[int, bool], Decimal] = {}
     for a in allocs:
         start = max(a.started_at, since) if since else a.started_at
         end = a.ended_at or now
-        held = device_share_milli(a.share_milli, a.gpu.capacity_milli)  # as billing bills it
+        held = a.billed_share()  # as billing bills it
         hours = max(0.0, (end - start).total_seconds()) / 3600 * held / MILLI
-        preemptible = a.job.preemptible or a.job.borrowed
-        rkey = (a.gpu_model_id, preemptible)
-        if rkey not in rates:
-            rates[rkey] = ports.PRICE_QUOTE.get()(gpu_model=a.gpu_model, preemptible=preemptible)
-        e = out[a.job_id]
-        e.gpu_hours += hours
-        e.cost += rates[rkey] * Decimal(str(round(hours, 6)))
+        out[a.job_id].gpu_hours += hours
+    # the cost is billing's one figure for the job (the job page and the usage page show it)
+    for job_id, cost in ports.JOBS_COST.get()(ids, since=since, now=now).items():
+        out[job_id].cost = cost
     cutoff = floor_hour(now) - timedelta(hours=1)
     fl = FloatField()
     qs = GpuRollup.objects.filter(held_by_job__in=ids).filter(

@@ -32,6 +32,7 @@ from scheduler.core.model import (
     RunningWork,
     Share,
     Snapshot,
+    billed_share_milli,
     gpu_capacity_milli,
 )
 from scheduler.core.plan import QUEUE_POLICIES, Plan, PolicyConfig, plan
@@ -301,6 +302,7 @@ def build_state(
     for project_id, model_name, max_gpus in reads.QUOTA_MODEL_LIMITS.rows(project_ids=ids):
         limits[project_id][model_name] = max_gpus
     over_budget = ports.BUDGET_GATE.get()(project_ids=project_ids)
+    at_cap = ports.BUDGET_CAPPED.get()(project_ids=project_ids)
     reserved = ports.RESERVED_CAPACITY.get()(now=now)
     usage = _decayed_usage(project_ids, now, active) if with_usage else {}
     project_quotas = {
@@ -309,6 +311,7 @@ def build_state(
             max_gpus_per_model=limits.get(project_id, {}),
             allow_borrowing=allow_borrowing,
             budget_exhausted=project_id in over_budget,
+            budget_capped=project_id in at_cap,
             decayed_usage=usage.get(project_id, 0.0),
             reserved=reserved.get(slug, {}),
         )
@@ -398,6 +401,7 @@ ALLOCATION_FIELDS = (
     "attempt",
     "share_milli",
     "memory_mib",
+    "billed_milli",
     "gpu_model",
     "borrowed",
     "started_at",
@@ -490,6 +494,7 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
                     attempt,
                     s.milli,
                     s.memory_mib,
+                    billed_share_milli(s.milli, gpu.capacity_milli, s.memory_mib, gpu.memory_mib),
                     gpu.model_id,
                     borrowed,
                     now,

@@ -21,6 +21,7 @@ from scheduler.admission import (
     job_from_spec,
     spec_validate,
 )
+from scheduler.core.model import MILLI, billed_share_milli
 from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
@@ -69,8 +70,18 @@ def _candidate_models(spec: JobSpec) -> list[GpuModel]:
     return [m for m in meeting if m.pk in in_fleet] or meeting
 
 
-def _per_hour(rate: Decimal, spec: JobSpec) -> Decimal:
-    return (rate * spec.gpu_fraction * spec.shard_count).quantize(CENT, ROUND_HALF_UP)
+def _billed_fraction(spec: JobSpec, model: GpuModel) -> Decimal:
+    """GPUs billed for the job on `model` before it is placed: each device's share as billing
+    bills it (`billed_share_milli`: the larger of compute and memory, at least the minimum),
+    on a device that is not time-sliced (a time-sliced one can only bill less)."""
+    billed = billed_share_milli(
+        min(spec.gpu_milli, MILLI), MILLI, spec.gpu_memory_mib, model.memory_mib
+    )
+    return Decimal(spec.gpu_count * billed) / MILLI
+
+
+def _per_hour(rate: Decimal, spec: JobSpec, model: GpuModel) -> Decimal:
+    return (rate * _billed_fraction(spec, model) * spec.shard_count).quantize(CENT, ROUND_HALF_UP)
 
 
 def quote(
@@ -84,7 +95,7 @@ def quote(
     if model is None:
         return None, None, None
     rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    per_hour = _per_hour(rate, spec)
+    per_hour = _per_hour(rate, spec, model)
     return rate, per_hour, _for_estimate(per_hour, spec)
 
 
@@ -99,7 +110,7 @@ def quote_most(
         return None
     model = max(candidates, key=lambda m: m.price_per_gpu_hour)
     rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    return _per_hour(rate, spec)
+    return _per_hour(rate, spec, model)
 
 
 def _for_estimate(per_hour: Decimal, spec: JobSpec) -> Decimal | None:
@@ -108,11 +119,9 @@ def _for_estimate(per_hour: Decimal, spec: JobSpec) -> Decimal | None:
     return (per_hour * Decimal(spec.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
 
 
-def shares_cost_per_hour(
-    shares: Iterable[tuple[GpuModel, int, int]], *, preemptible: bool
-) -> Decimal:
-    """What these `(model, share_milli, capacity_milli)` shares cost per hour, to the cent, as
-    billing meters them (billing's `ports.SHARES_COST`)."""
+def shares_cost_per_hour(shares: Iterable[tuple[GpuModel, int]], *, preemptible: bool) -> Decimal:
+    """What these `(model, billed_milli)` shares cost per hour, to the cent, as billing meters
+    them (billing's `ports.SHARES_COST`)."""
     cost = ports.SHARES_COST.get()(shares=list(shares), preemptible=preemptible)
     return cost.quantize(CENT, ROUND_HALF_UP)
 
@@ -147,7 +156,7 @@ def job_hourly_cost(job: Job) -> HourlyCost | None:
     when placed, else from what it asks for."""
     preemptible = job.preemptible or job.borrowed
     held = [
-        (a.gpu_model, a.share_milli, a.gpu.capacity_milli)
+        (a.gpu_model, a.billed_share())
         for a in job.allocations.filter(ended_at__isnull=True).select_related("gpu_model", "gpu")
     ]
     if held:
@@ -231,12 +240,18 @@ def _placed_quote(
     if not placement.shares or any(s.gpu_id not in gpus for s in placement.shares):
         return quote(spec, borrowed=borrowed)
     shares = [
-        (gpus[s.gpu_id].model, s.milli, gpus[s.gpu_id].capacity_milli) for s in placement.shares
+        (
+            gpus[s.gpu_id].model,
+            billed_share_milli(
+                s.milli, gpus[s.gpu_id].capacity_milli, s.memory_mib, gpus[s.gpu_id].memory_mib
+            ),
+        )
+        for s in placement.shares
     ]
     per_hour = shares_cost_per_hour(
         shares * spec.shard_count, preemptible=spec.preemptible or borrowed
     )
-    models = {model for model, _, _ in shares}  # one model: its rate per GPU-hour, too
+    models = {model for model, _ in shares}  # one model: its rate per GPU-hour, too
     rate = (
         ports.PRICE_QUOTE.get()(gpu_model=models.pop(), preemptible=spec.preemptible or borrowed)
         if len(models) == 1

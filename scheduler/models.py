@@ -5,10 +5,16 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from scheduler.core.model import gpu_capacity_milli, gpu_demand_milli, gpus_requested
+from scheduler.core.model import (
+    billed_share_milli,
+    gpu_capacity_milli,
+    gpu_demand_milli,
+    gpus_requested,
+)
 from scheduler.core.plan import QUEUE_POLICIES
 from scheduler.core.reasons import format_duration
 from scheduler.core.scorers import SCORER_NAMES
@@ -207,6 +213,26 @@ class Gpu(models.Model):
     @property
     def capacity_milli(self) -> int:
         return gpu_capacity_milli(self.sharing_mode, self.oversubscription)
+
+    def clean(self) -> None:
+        """Sharing (mode, time-slice factor) cannot change under running shares: each share
+        bills what was frozen at its placement, and the device must keep the capacity it was
+        placed against. Drain the GPU (or wait for its jobs) first."""
+        super().clean()
+        if self.pk is None:
+            return
+        before = Gpu.objects.filter(pk=self.pk).values_list("sharing_mode", "oversubscription")
+        old = before.first()
+        if old is None or old == (self.sharing_mode, self.oversubscription):
+            return
+        running = self.allocations.filter(ended_at__isnull=True).count()
+        if running:
+            raise ValidationError(
+                f"{self} has {running} running share{'s' if running != 1 else ''}: its sharing "
+                "mode and time-slice factor cannot change under them (each share bills what "
+                "it was placed as). Cordon or drain the node, or wait for its jobs to end, "
+                "then change it."
+            )
 
 
 class PriorityClass(models.IntegerChoices):
@@ -417,6 +443,12 @@ class Allocation(models.Model):
     attempt = models.PositiveIntegerField()
     share_milli = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     memory_mib = models.PositiveIntegerField(default=0)
+    billed_milli = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="What the share bills (milli-GPU of one GPU), frozen at placement "
+        "(scheduler.core.model.billed_share_milli); null on rows placed before it was kept.",
+    )
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
     borrowed = models.BooleanField(default=False)
     started_at = models.DateTimeField()
@@ -449,6 +481,15 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} on gpu {self.gpu_id} ({self.share_milli}m)"
+
+    def billed_share(self) -> int:
+        """What this share bills (milli-GPU): as frozen at placement; for a row placed before
+        the value was kept, the rule applied to its GPU as it is now."""
+        if self.billed_milli is not None:
+            return self.billed_milli
+        return billed_share_milli(
+            self.share_milli, self.gpu.capacity_milli, self.memory_mib, self.gpu.memory_mib
+        )
 
 
 class LogChunk(models.Model):

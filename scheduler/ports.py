@@ -37,11 +37,18 @@ class PriceQuote(Protocol):
 
 
 class SharesCost(Protocol):
-    """What `(gpu_model, share_milli, capacity_milli)` shares cost per hour, as metering bills."""
+    """What `(gpu_model, billed_milli)` shares cost per hour, as metering bills them (the
+    billed part of a share is `scheduler.core.model.billed_share_milli`)."""
+
+    def __call__(self, *, shares: list[tuple[GpuModel, int]], preemptible: bool) -> Decimal: ...
+
+
+class JobsCost(Protocol):
+    """What jobs cost (billing's one figure, to the cent) from `since` (None: ever) to `now`."""
 
     def __call__(
-        self, *, shares: list[tuple[GpuModel, int, int]], preemptible: bool
-    ) -> Decimal: ...
+        self, job_ids: list[int], *, since: datetime | None, now: datetime
+    ) -> dict[int, Decimal]: ...
 
 
 class ReservedCapacity(Protocol):
@@ -143,7 +150,10 @@ def _missing(port: Port[Any]) -> str:
 PRICE_QUOTE: Port[PriceQuote] = Port("price quote", provider="billing", required=True)
 SHARES_COST: Port[SharesCost] = Port("shares cost", provider="billing", required=True)
 JOB_COST: Port[JobCost] = Port("job cost", provider="billing", required=True)
+JOBS_COST: Port[JobsCost] = Port("jobs cost", provider="billing", required=True)
 BUDGET_GATE: Port[BudgetGate] = Port("budget gate", provider="billing", required=True)
+# of these projects, those at a hard budget cap: their non-preemptible queued jobs wait
+BUDGET_CAPPED: Port[BudgetGate] = Port("budget capped", provider="billing", required=True)
 RESERVED_CAPACITY: Port[ReservedCapacity] = Port(
     "reserved capacity", provider="billing", required=True
 )
@@ -151,7 +161,15 @@ TELEMETRY_SINKS: Hub[TelemetrySink] = Hub("telemetry sinks")
 ALLOCATION_LISTENERS: Hub[AllocationListener] = Hub("allocation listeners")
 CYCLE_LISTENERS: Hub[CycleListener] = Hub("cycle listeners")
 
-PORTS: tuple[Port[Any], ...] = (PRICE_QUOTE, SHARES_COST, JOB_COST, BUDGET_GATE, RESERVED_CAPACITY)
+PORTS: tuple[Port[Any], ...] = (
+    PRICE_QUOTE,
+    SHARES_COST,
+    JOB_COST,
+    JOBS_COST,
+    BUDGET_GATE,
+    BUDGET_CAPPED,
+    RESERVED_CAPACITY,
+)
 
 
 def allocations_changed(*, node_ids: Iterable[int]) -> None:

@@ -19,7 +19,12 @@ from billing.services.accounts import (
     accounts_for_projects,
     project_move_to_account,
 )
-from billing.services.budgets import budget_remove, budget_set, budgets_check
+from billing.services.budgets import (
+    budget_caps_enforce,
+    budget_remove,
+    budget_set,
+    budgets_check,
+)
 from billing.services.coverage import usage_apply_coverage
 from billing.services.credits import MAX_MONEY, credit_grant
 from billing.services.drafts import draft_invoice, invoice_number
@@ -37,6 +42,7 @@ from billing.services.prices import (
     price_list_seed,
     price_publish,
     reserved_plan_create,
+    reserved_plan_revise,
 )
 from billing.services.stripe_sync import (
     FAILED_EVENTS,
@@ -55,6 +61,7 @@ __all__ = [
     "MeterResult",
     "account_open_for_project",
     "accounts_for_projects",
+    "budget_caps_enforce",
     "budget_remove",
     "budget_set",
     "budgets_check",
@@ -75,6 +82,7 @@ __all__ = [
     "price_publish",
     "project_move_to_account",
     "reserved_plan_create",
+    "reserved_plan_revise",
     "send_plain",
     "stripe_event_apply",
     "usage_apply_coverage",

@@ -66,3 +66,17 @@ def project_move_to_account(
         data={"from": old, "to": account.pk},
     )
     return link
+
+
+def account_currency(account: BillingAccount) -> str:
+    """The currency an account is invoiced in: the installation's, the one its prices are in.
+    An account labelled otherwise (made before the rule, or behind the admin's back) is
+    refused by name rather than sent amounts in the wrong currency."""
+    if account.currency.lower() != settings.BILLING_CURRENCY:
+        raise DomainError(
+            f"Billing account {account.name!r} is labelled {account.currency.upper()}, but this "
+            f"installation bills in {settings.BILLING_CURRENCY.upper()} only: correct the "
+            "account's currency before closing its month.",
+            field="currency",
+        )
+    return settings.BILLING_CURRENCY

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from billing import pricing
 from billing.models import (
@@ -51,12 +51,15 @@ def usage_apply_coverage(*, account_id: int, period_start: date) -> int:
     drafts = UsageRecord.objects.filter(
         account_id=account_id, period_start=period_start, invoice__status=Invoice.Status.DRAFT
     )
-    # usage of models without a reservation is never covered (reset it if a plan went away)
-    reset = drafts.filter(covered_milli_seconds__gt=0).exclude(gpu_model_id__in=list(by_model))
+    # usage of models without a reservation is never covered (reset it if a plan went away),
+    # nor is fault-credited usage: it is not billed, so it must not use up the reservation
+    reset = drafts.filter(covered_milli_seconds__gt=0).filter(
+        Q(fault_credit=True) | ~Q(gpu_model_id__in=list(by_model))
+    )
     changed_count = reset.update(covered_milli_seconds=0, amount=F("gross_amount"))
     if not by_model:
         return changed_count
-    records = drafts.filter(gpu_model_id__in=list(by_model)).values_list(
+    records = drafts.filter(gpu_model_id__in=list(by_model), fault_credit=False).values_list(
         "pk",
         "gpu_model_id",
         "slice_start",

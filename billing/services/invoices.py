@@ -7,7 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from billing import gateway, pricing
@@ -15,7 +15,6 @@ from billing.models import (
     Adjustment,
     BillingAccount,
     CreditApplication,
-    CreditGrant,
     Invoice,
     InvoiceLine,
     ProjectBilling,
@@ -24,7 +23,9 @@ from billing.models import (
     UsageRecord,
 )
 from billing.pricing import period_bounds
+from billing.services.accounts import account_currency
 from billing.services.coverage import usage_apply_coverage
+from billing.services.credits import credit_draws
 from billing.services.drafts import draft_invoice
 from billing.services.metering import usage_meter
 from billing.services.periods import previous_period
@@ -83,14 +84,14 @@ def invoice_close(
         usage_meter(now=now, project_ids=project_ids)
     usage_apply_coverage(account_id=account.pk, period_start=period_start)
     invoice = draft_invoice(account.pk, period_start)
-    invoice.currency, invoice.tax_rate = account.currency, account.tax_rate
+    invoice.currency, invoice.tax_rate = account_currency(account), account.tax_rate
     lines = _Lines(invoice)
-    _add_reserved_fees(lines, account, start, end)
+    charges = _add_reserved_fees(lines, account, start, end)
     _add_usage(lines, invoice, period_start)
     _add_fault_credits(lines, invoice)
-    _add_adjustments(lines, account, invoice)
+    charges += _add_adjustments(lines, account, invoice)
     subtotal = lines.total
-    credits = _draw_credits(lines, account, invoice, subtotal, start, end)
+    credits = _draw_credits(lines, account, invoice, subtotal, charges)
     tax = _add_tax(lines, account, subtotal - credits)
     _issue(invoice, lines, subtotal=subtotal, credits=credits, tax=tax, now=now)
     return invoice
@@ -98,27 +99,32 @@ def invoice_close(
 
 def _add_reserved_fees(
     lines: _Lines, account: BillingAccount, start: datetime, end: datetime
-) -> None:
-    """One line per reserved plan in force during the month, prorated to its days in it."""
-    month_seconds = int((end - start).total_seconds())
+) -> list[tuple[datetime, Decimal]]:
+    """One line per plan month that begins in the month, at the plan's monthly fee (billed
+    per plan month, `pricing.plan_fees`). Returns the fees dated at their plan month's start."""
+    charges: list[tuple[datetime, Decimal]] = []
     for plan in ReservedPlan.objects.filter(
         account=account, starts_at__lt=end, ends_at__gt=start
     ).select_related("gpu_model"):
-        part = int((min(plan.ends_at, end) - max(plan.starts_at, start)).total_seconds())
-        fee = pricing.prorate(plan.monthly_fee, part_seconds=part, whole_seconds=month_seconds)
-        note = (
-            ""
-            if part == month_seconds
-            else f", {part / 86400:.2f} of {month_seconds // 86400} days"
-        )
-        lines.add(
-            InvoiceLine.Kind.RESERVED_FEE,
-            f"Reserved {plan.gpus} × {plan.gpu_model.name}, {plan.term_months}-month term{note}",
-            fee,
-            gpu_model=plan.gpu_model,
-            plan=plan,
-            unit_price=plan.monthly_fee,
-        )
+        for month_start, fee in pricing.plan_fees(
+            starts_at=plan.starts_at,
+            ends_at=plan.ends_at,
+            monthly_fee=plan.monthly_fee,
+            start=start,
+            end=end,
+        ):
+            month_end = min(pricing.add_months(month_start, 1), plan.ends_at)
+            lines.add(
+                InvoiceLine.Kind.RESERVED_FEE,
+                f"Reserved {plan.gpus} × {plan.gpu_model.name}, {plan.term_months}-month term, "
+                f"plan month {month_start:%Y-%m-%d} to {month_end:%Y-%m-%d}",
+                fee,
+                gpu_model=plan.gpu_model,
+                plan=plan,
+                unit_price=plan.monthly_fee,
+            )
+            charges.append((month_start, fee))
+    return charges
 
 
 def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
@@ -214,14 +220,17 @@ def _add_fault_credits(lines: _Lines, invoice: Invoice) -> None:
             )
 
 
-def _add_adjustments(lines: _Lines, account: BillingAccount, invoice: Invoice) -> None:
-    """The account's adjustments not yet on an invoice go on this one."""
+def _add_adjustments(
+    lines: _Lines, account: BillingAccount, invoice: Invoice
+) -> list[tuple[datetime, Decimal]]:
+    """The account's adjustments not yet on an invoice go on this one. Returns them dated."""
     adjustments = list(
         Adjustment.objects.select_for_update().filter(account=account, invoice__isnull=True)
     )
     for adj in adjustments:
         lines.add(InvoiceLine.Kind.ADJUSTMENT, adj.description, adj.amount)
     Adjustment.objects.filter(pk__in=[a.pk for a in adjustments]).update(invoice=invoice)
+    return [(adj.created_at, adj.amount) for adj in adjustments]
 
 
 def _draw_credits(
@@ -229,22 +238,11 @@ def _draw_credits(
     account: BillingAccount,
     invoice: Invoice,
     subtotal: Decimal,
-    start: datetime,
-    end: datetime,
+    charges: list[tuple[datetime, Decimal]],
 ) -> Decimal:
-    """Draw the subtotal down from the account's credit grants valid in the month (soonest to
-    expire first); returns the amount drawn."""
-    grants = []  # the account row lock taken by the close serializes every draw on its grants
-    for grant in (
-        CreditGrant.objects.filter(account=account, granted_at__lt=end)
-        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=start))
-        .annotate(drawn=Sum("applications__amount"))
-        .order_by("expires_at", "granted_at", "pk")
-    ):
-        remaining = grant.amount - (grant.drawn or Decimal(0))
-        if remaining > 0:
-            grants.append((grant.pk, remaining))
-    draws = pricing.apply_credits(grants, subtotal)
+    """Draw the subtotal down from the account's credit grants, each paying only for charges
+    inside its validity (`credit_draws`); returns the amount drawn."""
+    draws = credit_draws(account=account, invoice=invoice, due=subtotal, other_charges=charges)
     credits = pricing.sum_amounts(d for _, d in draws)
     if credits:
         lines.add(InvoiceLine.Kind.CREDITS, "Prepaid credits drawn down", -credits)

@@ -28,8 +28,9 @@ from billing.services.drafts import draft_invoice
 from billing.services.prices import price_list_seed
 from portal.audit import audit_record
 from portal.errors import DomainError
-from scheduler.core.model import device_share_milli
-from scheduler.models import Allocation
+from scheduler.models import Allocation, JobEvent, JobState
+
+CAP_ACTOR = "billing"  # the actor of the preemptions a hard budget cap makes
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,7 @@ def _meter_batch(
             end, done = max(start, horizon), False
         begin = max(start, existing.metered_until) if existing is not None else start
         tier = Tier.PREEMPTIBLE if (alloc.job.preemptible or alloc.borrowed) else Tier.ON_DEMAND
-        billed = device_share_milli(
-            share_milli=alloc.share_milli, capacity_milli=alloc.gpu.capacity_milli
-        )
+        billed = alloc.billed_share()  # frozen at placement
         account_id = accounts[alloc.job.project_id]
         cuts = table.changes_within(alloc.gpu_model_id, begin, end)
         for left, right in pricing.slice_interval(begin, end, cuts):
@@ -152,6 +151,8 @@ def _meter_batch(
             preemptible=tier == Tier.PREEMPTIBLE,
             has_checkpoint=bool(alloc.job.checkpoint_dir),
         )
+        if credited and alloc.end_reason == Allocation.EndReason.PREEMPTED:
+            credited = not stopped_by_budget_cap(alloc)  # the customer's cap, not a fault
         if credited and not (existing is not None and existing.fault_credited):
             faults.append(alloc)
         meters.append(
@@ -174,7 +175,28 @@ def _meter_batch(
     )
     for alloc in faults:
         _fault_credit(alloc, account_id=accounts[alloc.job.project_id])
+        # its months' coverage is worked out again: credited usage uses up no reservation
+        account_id = accounts[alloc.job.project_id]
+        touched.update(
+            (account_id, period)
+            for period in UsageRecord.objects.filter(
+                allocation=alloc, invoice__status=Invoice.Status.DRAFT
+            )
+            .values_list("period_start", flat=True)
+            .distinct()
+        )
     return MeterResult(len(batch), len(records), len(faults))
+
+
+def stopped_by_budget_cap(alloc: Allocation) -> bool:
+    """Whether the allocation's job was preempted by its budget's hard cap (not a fault)."""
+    return JobEvent.objects.filter(
+        job_id=alloc.job_id,
+        to_state=JobState.PREEMPTING,
+        actor_label=CAP_ACTOR,
+        created_at__gte=alloc.started_at,
+        created_at__lte=alloc.ended_at or timezone.now(),
+    ).exists()
 
 
 def _open_pages(pairs: set[tuple[int, date]]) -> dict[tuple[int, date], int]:

@@ -56,8 +56,10 @@ def price_publish(
     note: str = "",
     now: datetime | None = None,
 ) -> PriceVersion:
-    """Add a price version. It must take effect now or later: the past is never repriced."""
+    """Add a price version. It must take effect now or later: the past is never repriced.
+    It takes effect at a whole second (`effective_from` is truncated), as usage is sliced."""
     now = now or timezone.now()
+    effective_from = pricing.floor_second(effective_from)
     if effective_from < pricing.floor_second(now):
         raise DomainError(
             "A price change cannot take effect in the past; choose a time from now on.",
@@ -166,3 +168,67 @@ def reserved_plan_create(
         },
     )
     return plan
+
+
+@transaction.atomic
+def reserved_plan_revise(
+    *,
+    actor: User | None,
+    plan: ReservedPlan,
+    gpus: int,
+    effective_at: datetime,
+    now: datetime | None = None,
+) -> ReservedPlan:
+    """Change a plan's GPU count from `effective_at` on: the plan version in force ends there
+    and a new version, superseding it, holds `gpus` until the old end, at the fee of the price
+    in effect at `effective_at` (its own plan months from then). The past is never re-billed:
+    `effective_at` is now or later."""
+    now = now or timezone.now()
+    plan = ReservedPlan.objects.select_for_update().get(pk=plan.pk)
+    effective_at = pricing.floor_second(effective_at)
+    if effective_at < pricing.floor_second(now):
+        raise DomainError("A plan change takes effect now or later.", field="effective_at")
+    if not plan.starts_at < effective_at < plan.ends_at:
+        raise DomainError(
+            "A plan change takes effect while the plan runs; before its start, or to change "
+            "its start, make a new plan.",
+            field="effective_at",
+        )
+    if ReservedPlan.objects.filter(supersedes=plan).exists():
+        raise Conflict("This plan version was already revised; revise the newest version.")
+    if not 1 <= gpus <= 4096:
+        raise DomainError("Reserve 1 to 4096 GPUs.", field="gpus")
+    version = PriceTable.load().at(plan.gpu_model_id, effective_at)
+    if version is None:
+        raise DomainError("No price at that moment.", field="effective_at")
+    old_end = plan.ends_at
+    ReservedPlan.objects.filter(pk=plan.pk).update(ends_at=effective_at)
+    new = ReservedPlan.objects.create(
+        account_id=plan.account_id,
+        project_id=plan.project_id,
+        gpu_model_id=plan.gpu_model_id,
+        gpus=gpus,
+        term_months=plan.term_months,
+        starts_at=effective_at,
+        ends_at=old_end,
+        monthly_fee=pricing.reserved_monthly_fee(
+            on_demand=version.on_demand_per_gpu_hour,
+            gpus=gpus,
+            discount=version.reserved_discount(plan.term_months),
+        ),
+        price_version=version,
+        supersedes=plan,
+    )
+    audit_record(
+        actor=actor,
+        action="billing.reserved.revise",
+        target=new,
+        project=plan.project,
+        data={
+            "supersedes": plan.pk,
+            "gpus": [plan.gpus, gpus],
+            "effective_at": effective_at.isoformat(),
+            "fee": str(new.monthly_fee),
+        },
+    )
+    return new

@@ -78,6 +78,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "portal.context_processors.navigation",
             ],
+            # `money`: how every amount is written (portal/money.py)
+            "builtins": ["portal.templatetags.money"],
         },
     },
 ]

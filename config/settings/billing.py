@@ -15,7 +15,13 @@ STRIPE_API_BASE = _env("STRIPE_API_BASE", default="")  # tests point this at a l
 STRIPE_WEBHOOK_TOLERANCE_SECONDS = _env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", default=300)
 
 BILLING_PROVIDER_NAME = _env("BILLING_PROVIDER_NAME", default="GPU Cloud")
-BILLING_CURRENCY = "usd"
+# One currency for the installation (docs/billing.md, "Currency"): prices, invoices, Stripe.
+BILLING_CURRENCY = _env("BILLING_CURRENCY", default="usd").lower()
+# Hard budget caps: how often running work is checked against them (the overshoot bound is
+# one such interval of the project's burn plus its jobs' preemption grace), and the hours a
+# job without a time limit is assumed to run when admission counts its expected cost.
+BILLING_CAP_CHECK_SECONDS = _env.float("BILLING_CAP_CHECK_SECONDS", default=60.0)
+BILLING_CAP_ASSUMED_HOURS = _env.float("BILLING_CAP_ASSUMED_HOURS", default=1.0)
 BILLING_PAYMENT_GRACE_DAYS = _env.int("BILLING_PAYMENT_GRACE_DAYS", default=7)
 BILLING_INVOICE_DUE_DAYS = _env.int("BILLING_INVOICE_DUE_DAYS", default=14)
 BILLING_METER_SECONDS = _env.float("BILLING_METER_SECONDS", default=300.0)
@@ -30,6 +36,11 @@ BILLING_BEAT_SCHEDULE = {
         "task": "billing.meter",
         "schedule": BILLING_METER_SECONDS,
         "options": {"expires": BILLING_METER_SECONDS},
+    },
+    "billing-caps": {
+        "task": "billing.enforce_caps",
+        "schedule": BILLING_CAP_CHECK_SECONDS,
+        "options": {"expires": BILLING_CAP_CHECK_SECONDS},
     },
     "billing-budgets": {
         "task": "billing.check_budgets",

@@ -60,6 +60,25 @@ def device_share_milli(share_milli: int, capacity_milli: int) -> int:
     return min(MILLI, share_milli * MILLI // capacity_milli)
 
 
+# The least part of a GPU a share is billed as (1 %): a share holds a context and memory on the
+# device however small its compute share, so no share bills nothing.
+MIN_BILLED_MILLI = 10
+
+
+def billed_share_milli(
+    share_milli: int, capacity_milli: int, memory_mib: int = 0, device_memory_mib: int = 0
+) -> int:
+    """What a share bills, in milli-GPU of one whole GPU: the larger of its compute part
+    (`device_share_milli`) and its memory part (the device memory it holds, rounded down),
+    never less than `MIN_BILLED_MILLI` nor more than one GPU. Frozen on the allocation at
+    placement (`Allocation.billed_milli`); quotes use the same rule."""
+    compute = device_share_milli(share_milli, capacity_milli)
+    memory = 0
+    if device_memory_mib > 0 and memory_mib > 0:
+        memory = min(MILLI, memory_mib * MILLI // device_memory_mib)
+    return min(MILLI, max(MIN_BILLED_MILLI, compute, memory))
+
+
 @dataclass(frozen=True, slots=True)
 class GpuView:
     """One GPU device as the scheduler sees it."""
@@ -206,6 +225,7 @@ class ProjectQuota:
     max_gpus_per_model: Mapping[str, int] = field(default_factory=_empty_int_map)
     allow_borrowing: bool = False
     budget_exhausted: bool = False
+    budget_capped: bool = False  # at a hard cap: only preemptible work may start
     reserved: Mapping[str, int] = field(default_factory=_empty_int_map)
     weight: float = 1.0
     decayed_usage: float = 0.0  # GPU-hours, decayed; used by fair share

@@ -249,7 +249,7 @@ class _Planner:
             self.pend(job, PendingReason.INVALID_REQUEST, bad)
             return
         q = self.ctx.snap.quotas.get(job.project)
-        if q is not None and q.budget_exhausted:
+        if q is not None and (q.budget_exhausted or (q.budget_capped and not job.preemptible)):
             self.pend(job, PendingReason.BUDGET)
             return
         node_ok, model_ok, static = self.masks.of(job)

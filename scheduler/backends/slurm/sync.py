@@ -349,6 +349,7 @@ def _allocate(job: Job, link: SlurmJob, record: dict[str, Any], start: datetime)
             node_id=gpu.node_id,
             attempt=job.attempt,
             share_milli=1000,
+            billed_milli=1000,  # a whole GPU
             memory_mib=gpu.memory_mib,
             gpu_model_id=gpu.model_id,
             borrowed=job.borrowed,
