@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from scheduler.core.model import billed_share_milli
 from scheduler.models import Allocation, Gpu, Job, JobState
 
 _seq = itertools.count(1)
@@ -39,6 +40,7 @@ def place(lab):
         borrowed: bool = False,
         checkpoint: str = "",
         job: Job | None = None,
+        memory_mib: int = 0,
     ) -> Allocation:
         project = project or lab["a"]
         gpu = gpu or Gpu.objects.filter(model=lab["h100"]).order_by("pk").first()
@@ -60,6 +62,9 @@ def place(lab):
             node=gpu.node,
             attempt=job.allocations.count() + 1,
             share_milli=share,
+            memory_mib=memory_mib,
+            # frozen at placement, as the cycle does
+            billed_milli=billed_share_milli(share, gpu.capacity_milli, memory_mib, gpu.memory_mib),
             gpu_model=gpu.model,
             borrowed=borrowed,
             started_at=start,

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from billing import pricing, selectors, services
 from billing.models import Invoice, UsageRecord
+from scheduler.core.model import MIN_BILLED_MILLI
 from scheduler.models import Gpu
 from tests.billing.conftest import at
 
@@ -133,7 +134,10 @@ def check_ledger(allocs, gpus, reserved, *, now):
         start = pricing.floor_second(a.started_at)
         expected = max(0, int((pricing.floor_second(end) - start).total_seconds()))
         assert by_alloc.get(a.pk, 0) == expected
-    assert max(per_gpu_hour.values(), default=0) <= pricing.MILLI_SECONDS_PER_GPU_HOUR
+    # a share bills at least MIN_BILLED_MILLI: the shares of one device bill one GPU-hour per
+    # hour at most, plus that minimum for each of them (at most two lanes of shares per GPU)
+    floor = 2 * MIN_BILLED_MILLI * pricing.SECONDS_PER_HOUR
+    assert max(per_gpu_hour.values(), default=0) <= pricing.MILLI_SECONDS_PER_GPU_HOUR + floor
     assert max(covered_hour.values(), default=0) <= reserved * pricing.MILLI_SECONDS_PER_GPU_HOUR
 
 
