@@ -172,21 +172,22 @@ def draw_credits(
     [from, until). Grants draw in the given order (soonest to expire first), each from the
     earliest charges it may pay that are still unpaid; all draws together never exceed `cap`
     (what is due before credits). Amounts are cents; returns (id, drawn) > 0."""
-    left = [[moment, amount] for moment, amount in sorted(charges, key=lambda c: c[0])]
+    moments = [moment for moment, _ in sorted(charges, key=lambda c: c[0])]
+    unpaid_of = [amount for _, amount in sorted(charges, key=lambda c: c[0])]
     budget = max(ZERO, cap)
     out: list[tuple[int, Decimal]] = []
     for grant_id, remaining, valid_from, valid_until in grants:
         take_total = ZERO
-        for charge in left:
+        for i, moment in enumerate(moments):
             if budget <= 0 or remaining <= 0:
                 break
-            moment, unpaid = charge
+            unpaid = unpaid_of[i]
             if unpaid <= 0 or moment < valid_from:
                 continue
             if valid_until is not None and moment >= valid_until:
                 break
             take = min(unpaid, remaining, budget)
-            charge[1] = unpaid - take
+            unpaid_of[i] = unpaid - take
             remaining -= take
             budget -= take
             take_total += take

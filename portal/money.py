@@ -17,7 +17,7 @@ SYMBOLS = {"usd": "$", "eur": "€", "gbp": "£", "jpy": "¥", "chf": "CHF "}
 
 
 def currency_symbol(currency: str | None = None) -> str:
-    code = (currency or getattr(settings, "BILLING_CURRENCY", "usd")).lower()
+    code = str(currency or getattr(settings, "BILLING_CURRENCY", None) or "usd").lower()
     return SYMBOLS.get(code, f"{code.upper()} ")
 
 

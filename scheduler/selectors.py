@@ -111,7 +111,7 @@ class QuotaRow:
 
 def project_gpu_hours(project: Project, *, since: datetime, now: datetime) -> Decimal:
     """GPU-hours the project used since `since`: a share counts as the part of its device it
-    holds (`device_share_milli`), as billing bills it."""
+    holds (`device_share_milli`, its compute part; billing bills `billed_share_milli`)."""
     total = Decimal(0)
     rows = Allocation.objects.filter(job__project=project).exclude(ended_at__lt=since)
     for share, sharing, factor, started, ended in rows.values_list(

@@ -15,6 +15,7 @@ from billing.models import (
 )
 from portal.audit import audit_record
 from portal.models import Membership, Project, Role
+from portal.money import format_money
 
 
 def owner_emails(project_ids: list[int]) -> list[str]:
@@ -57,7 +58,8 @@ def invoice_send_email(*, invoice_id: int) -> bool:
         return False
     context = invoice_context(invoice)
     message = EmailMultiAlternatives(
-        subject=f"Invoice {invoice.number} for {invoice.period_start:%B %Y}: ${invoice.total}",
+        subject=f"Invoice {invoice.number} for {invoice.period_start:%B %Y}: "
+        f"{format_money(invoice.total)}",
         body=render_to_string("billing/email/invoice.txt", context),
         from_email=settings.DEFAULT_FROM_EMAIL,
         to=recipients,

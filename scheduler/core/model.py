@@ -54,7 +54,8 @@ def gpu_capacity_milli(sharing: str, oversubscription: int) -> int:
 def device_share_milli(share_milli: int, capacity_milli: int) -> int:
     """The part of one whole GPU a share holds: on a time-sliced device (capacity 2000 for ×2)
     a share counts as share/2, so the shares on one device never exceed one GPU. Rounded down
-    (in the customer's favour). What billing bills and quotas count as GPU-hours."""
+    (in the customer's favour). What quotas count as GPU-hours; billing bills the larger of
+    this and the memory part (`billed_share_milli`)."""
     if share_milli < 1 or capacity_milli < MILLI:
         raise ValueError("A share is at least 1 milli-GPU on a device of at least 1000.")
     return min(MILLI, share_milli * MILLI // capacity_milli)

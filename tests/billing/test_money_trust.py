@@ -85,7 +85,7 @@ def test_the_cap_gives_notice_then_stops_running_work(
         result = services.budget_caps_enforce(now=now)
     assert result.noticed == [lab["a"].pk] and result.stopped == []
     notice = Notification.objects.get(project=lab["a"], kind="budget_cap")
-    assert "will be stopped" in notice.message
+    assert "will then be stopped" in notice.message
     assert any("hard budget cap ahead" in m.subject for m in mail.outbox)
     assert services.budget_caps_enforce(now=now).noticed == []  # once
     # past the cap: the non-preemptible job is stopped with its grace, the preemptible one runs

@@ -130,7 +130,9 @@ def test_budget_standing_is_one_statement_and_says_what_the_rules_say(
     Budget.objects.create(project=project, monthly_amount=Decimal("100.00"), hard_cap=True)
     verdict = budget_check(project=project, spec=spec, now=now)
     assert verdict is not None and verdict.admit
-    assert verdict.quota_notes == ("budget: $0.00 of $100.00 this month",)
+    # a hard cap counts the job's expected cost: its time limit, or the stated assumption
+    assert verdict.quota_notes[0] == "budget: $0.00 of $100.00 this month"
+    assert "expected" in verdict.quota_notes[1] and "1 h assumed" in verdict.quota_notes[1]
     account.payment_failed_at = now - timedelta(days=60)
     account.save()
     verdict = budget_check(project=project, spec=spec, now=now)

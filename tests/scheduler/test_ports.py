@@ -66,9 +66,9 @@ def test_the_price_ports_answer_the_dry_run(fleet):
     with ports.PRICE_QUOTE.override(rate), ports.SHARES_COST.override(shares):
         spec = JobSpec(name="x", command="true", gpus=2, gpu_model=l4)
         assert quote(spec)[:2] == (Decimal("7"), Decimal("14.00"))
-        assert shares_cost_per_hour([(l4, 500, 2000)], preemptible=True) == Decimal("3.33")
+        assert shares_cost_per_hour([(l4, 250)], preemptible=True) == Decimal("3.33")
     assert rate.calls == [{"gpu_model": l4, "preemptible": False}]
-    assert shares.calls == [{"shares": [(l4, 500, 2000)], "preemptible": True}]
+    assert shares.calls == [{"shares": [(l4, 250)], "preemptible": True}]
 
 
 @pytest.mark.django_db
