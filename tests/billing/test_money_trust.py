@@ -63,7 +63,7 @@ def test_admission_counts_the_expected_cost_of_the_job_it_admits(lab, api):
 
 
 def test_the_cap_gives_notice_then_stops_running_work(
-    lab, place, django_capture_on_commit_callbacks, settings
+    lab, place, django_capture_on_commit_callbacks, settings, monkeypatch
 ):
     settings.BILLING_CAP_CHECK_SECONDS = 600
     now = timezone.now()
@@ -94,7 +94,9 @@ def test_the_cap_gives_notice_then_stops_running_work(
     assert result.stopped == [running.job_id]
     assert Job.objects.get(pk=running.job_id).state == JobState.PREEMPTING
     assert Job.objects.get(pk=spare.job_id).state == JobState.RUNNING
+    monkeypatch.setattr("django.utils.timezone.now", lambda: later)
     assert admission.projects_at_cap(project_ids={lab["a"].pk}) == {lab["a"].pk}
+    monkeypatch.undo()
     # a preemption the cap made is the customer's budget, not a platform fault: billed
     Allocation.objects.filter(pk=running.pk).update(ended_at=later, end_reason="preempted")
     services.usage_meter(now=later + timedelta(seconds=1))
@@ -108,11 +110,13 @@ def test_a_job_the_cap_stopped_waits_while_preemptible_work_may_start(lab, place
     services.budget_set(
         actor=lab["owner"],
         project=lab["a"],
-        monthly_amount=Decimal("1.00"),
+        monthly_amount=(h100_rate(lab) * Decimal("0.8")).quantize(Decimal("0.01")),
         hard_cap=True,
         preemptible_allowance_percent=100,
     )
+    # one H100-hour: past the cap, within the preemptible allowance
     place(start=timezone.now() - timedelta(hours=1), end=timezone.now() - timedelta(minutes=1))
+    assert admission.projects_over_budget(project_ids={lab["a"].pk}) == set()
     assert admission.projects_at_cap(project_ids={lab["a"].pk}) == {lab["a"].pk}
     from scheduler.cycle import run_cycle
 
@@ -422,23 +426,23 @@ def test_the_job_usage_efficiency_and_invoice_figures_agree(lab, place, monkeypa
         starts_at=at("2025-03-01 00:00"),
     )
     gpus = list(Gpu.objects.filter(model=lab["h100"]).order_by("pk"))
-    place(gpu=gpus[0], start=at("2025-03-03 10:00"), end=at("2025-03-03 13:00"))
+    covered = place(gpu=gpus[0], start=at("2025-03-03 10:00"), end=at("2025-03-03 13:00"))
     over = place(gpu=gpus[1], start=at("2025-03-03 10:00"), end=at("2025-03-03 11:20"))
     invoice = close(lab["a"], now=now)
-    job_page = selectors.job_cost(over.job, now=now)
-    usage_page = next(
-        j.amount
-        for j in selectors.usage_summary(project=lab["a"], period_start=MARCH, now=now).by_job
-        if j.job_id == over.job_id
-    )
-    efficiency = efficiency_for_jobs([over.job_id], since=None, now=now)[over.job_id].cost
-    on_invoice = next(
-        pricing.to_cents(row["cost"])
-        for row in selectors.invoice_job_summary(invoice=invoice)
-        if row["job_id"] == over.job_id
-    )
-    assert job_page > 0
-    assert job_page == usage_page == efficiency == on_invoice
+    usage = selectors.usage_summary(project=lab["a"], period_start=MARCH, now=now).by_job
+    figures = {}
+    for alloc in (covered, over):
+        job_page = selectors.job_cost(alloc.job, now=now)
+        usage_page = next(j.amount for j in usage if j.job_id == alloc.job_id)
+        efficiency = efficiency_for_jobs([alloc.job_id], since=None, now=now)[alloc.job_id].cost
+        on_invoice = next(
+            pricing.to_cents(row["cost"])
+            for row in selectors.invoice_job_summary(invoice=invoice)
+            if row["job_id"] == alloc.job_id
+        )
+        assert job_page == usage_page == efficiency == on_invoice
+        figures[alloc.job_id] = job_page
+    assert figures[covered.job_id] == 0 < figures[over.job_id]  # reserved coverage counts
 
 
 def test_a_running_jobs_cost_is_the_same_on_every_page(lab, place, monkeypatch):
