@@ -15,7 +15,8 @@ class BudgetForm(forms.Form):
         max_digits=12, decimal_places=2, min_value=Decimal("0.01"), label="Monthly budget (USD)"
     )
     hard_cap = forms.BooleanField(
-        required=False, label="Hard cap: refuse new jobs at 100 % (preemptible ones still run)"
+        required=False,
+        label="Hard cap: refuse jobs that would pass it, stop running ones at 100 % (preemptible ones may use the allowance)",
     )
     preemptible_allowance_percent = forms.IntegerField(
         min_value=0, max_value=100, initial=10, label="Preemptible allowance over the cap (%)"

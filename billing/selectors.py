@@ -31,9 +31,10 @@ from billing.rates import PriceTable
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
-from scheduler.models import Allocation, Gpu, GpuModel, Job, Node
+from scheduler.models import Allocation, Gpu, GpuModel, Job, JobEvent, JobState, Node
 
 ZERO = Decimal(0)
+CAP_ACTOR = "billing"  # the actor of the preemptions a hard budget cap makes
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
 
 
@@ -122,6 +123,30 @@ def account_of(*, project: Project) -> BillingAccount | None:
     return link.account if link is not None else None
 
 
+def stopped_by_budget_cap(alloc: Allocation) -> bool:
+    """Whether the allocation's job was preempted by its budget's hard cap: the customer's
+    budget, not a platform fault, so the fault policy does not credit it."""
+    return JobEvent.objects.filter(
+        job_id=alloc.job_id,
+        to_state=JobState.PREEMPTING,
+        actor_label=CAP_ACTOR,
+        created_at__gte=alloc.started_at,
+        created_at__lte=alloc.ended_at or timezone.now(),
+    ).exists()
+
+
+def _fault_credited(alloc: Allocation) -> bool:
+    """The fault policy (`pricing.fault_credited`) for an ended allocation."""
+    credited = pricing.fault_credited(
+        end_reason=alloc.end_reason,
+        preemptible=alloc.job.preemptible or alloc.borrowed,
+        has_checkpoint=bool(alloc.job.checkpoint_dir),
+    )
+    if credited and alloc.end_reason == Allocation.EndReason.PREEMPTED:
+        return not stopped_by_budget_cap(alloc)
+    return credited
+
+
 def _open_usage(
     allocs: QuerySet[Allocation], *, since: datetime | None, now: datetime
 ) -> list[tuple[Allocation, Decimal, int]]:
@@ -144,11 +169,7 @@ def _open_usage(
         if end <= begin:
             continue
         preemptible = alloc.job.preemptible or alloc.borrowed
-        if alloc.ended_at is not None and pricing.fault_credited(
-            end_reason=alloc.end_reason,
-            preemptible=preemptible,
-            has_checkpoint=bool(alloc.job.checkpoint_dir),
-        ):
+        if alloc.ended_at is not None and _fault_credited(alloc):
             continue
         version = table.at(alloc.gpu_model_id, begin)
         rate = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -100,7 +101,11 @@ class JobCostView(APIView):
     @extend_schema(responses=JobCostSerializer)
     def get(self, request: Request, job_id: int) -> Response:
         job = job_get_visible(user=_user(request), job_id=job_id)
-        data = {"job_id": job.pk, "cost": selectors.job_cost(job), "currency": "usd"}
+        data = {
+            "job_id": job.pk,
+            "cost": selectors.job_cost(job),
+            "currency": settings.BILLING_CURRENCY,
+        }
         return Response(JobCostSerializer(data).data)
 
 

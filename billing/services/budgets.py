@@ -17,8 +17,8 @@ from billing.models import (
     Notification,
 )
 from billing.pricing import period_of
+from billing.selectors import CAP_ACTOR
 from billing.services.credits import MAX_MONEY
-from billing.services.metering import CAP_ACTOR
 from billing.services.notifications import notification_create, owner_emails, send_plain
 from portal.audit import audit_record
 from portal.errors import DomainError, NotFound

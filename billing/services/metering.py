@@ -22,15 +22,14 @@ from billing.models import (
 )
 from billing.pricing import period_bounds, period_of
 from billing.rates import PriceTable
+from billing.selectors import stopped_by_budget_cap
 from billing.services.accounts import accounts_for_projects
 from billing.services.coverage import usage_apply_coverage
 from billing.services.drafts import draft_invoice
 from billing.services.prices import price_list_seed
 from portal.audit import audit_record
 from portal.errors import DomainError
-from scheduler.models import Allocation, JobEvent, JobState
-
-CAP_ACTOR = "billing"  # the actor of the preemptions a hard budget cap makes
+from scheduler.models import Allocation
 
 
 @dataclass(frozen=True)
@@ -186,17 +185,6 @@ def _meter_batch(
             .distinct()
         )
     return MeterResult(len(batch), len(records), len(faults))
-
-
-def stopped_by_budget_cap(alloc: Allocation) -> bool:
-    """Whether the allocation's job was preempted by its budget's hard cap (not a fault)."""
-    return JobEvent.objects.filter(
-        job_id=alloc.job_id,
-        to_state=JobState.PREEMPTING,
-        actor_label=CAP_ACTOR,
-        created_at__gte=alloc.started_at,
-        created_at__lte=alloc.ended_at or timezone.now(),
-    ).exists()
 
 
 def _open_pages(pairs: set[tuple[int, date]]) -> dict[tuple[int, date], int]:
