@@ -179,16 +179,24 @@ def reserved_plan_revise(
     effective_at: datetime,
     now: datetime | None = None,
 ) -> ReservedPlan:
-    """Change a plan's GPU count from `effective_at` on: the plan version in force ends there
-    and a new version, superseding it, holds `gpus` until the old end, at the fee of the price
-    in effect at `effective_at` (its own plan months from then). The past is never re-billed:
-    `effective_at` is now or later."""
+    """Change a plan's GPU count from the first of its plan months that begins at or after
+    `effective_at` (now or later): the version in force ends there, so each of its plan
+    months is billed whole, and a new version, superseding it, holds `gpus` until the old end,
+    at the fee of the price in effect then (its own plan months from there)."""
     now = now or timezone.now()
     plan = ReservedPlan.objects.select_for_update().get(pk=plan.pk)
     effective_at = pricing.floor_second(effective_at)
     if effective_at < pricing.floor_second(now):
         raise DomainError("A plan change takes effect now or later.", field="effective_at")
-    if not plan.starts_at < effective_at < plan.ends_at:
+    boundary = next(
+        (
+            left
+            for left, _ in pricing.plan_months(plan.starts_at, plan.ends_at)
+            if left >= effective_at
+        ),
+        None,
+    )
+    if boundary is None or not plan.starts_at < effective_at:
         raise DomainError(
             "A plan change takes effect while the plan runs; before its start, or to change "
             "its start, make a new plan.",
@@ -198,6 +206,7 @@ def reserved_plan_revise(
         raise Conflict("This plan version was already revised; revise the newest version.")
     if not 1 <= gpus <= 4096:
         raise DomainError("Reserve 1 to 4096 GPUs.", field="gpus")
+    effective_at = boundary
     version = PriceTable.load().at(plan.gpu_model_id, effective_at)
     if version is None:
         raise DomainError("No price at that moment.", field="effective_at")

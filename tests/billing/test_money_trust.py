@@ -278,7 +278,8 @@ def test_a_plans_gpus_and_start_change_only_by_a_new_version(lab):
         actor=lab["owner"], plan=plan, gpus=4, effective_at=now + timedelta(hours=1)
     )
     plan.refresh_from_db()
-    assert plan.ends_at == new.starts_at and new.supersedes == plan
+    assert plan.ends_at == new.starts_at == pricing.add_months(plan.starts_at, 1)  # plan month
+    assert new.supersedes == plan
     assert new.gpus == 4 and new.monthly_fee > plan.monthly_fee
     with pytest.raises(DomainError):
         services.reserved_plan_revise(
