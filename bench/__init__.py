@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -20,13 +23,53 @@ Fragmentation", USENIX ATC '23 (Alibaba traces, FGD) and Jeon et al., USENIX ATC
 """
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """One line naming the machine a benchmark ran on: CPU model, cores this process may use
+    (of the machine's), and the load average when the benchmark started (`STARTED_LOAD`)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    one, five, fifteen = STARTED_LOAD
+    return (
+        f"Machine: {_cpu_model()}, {usable} cores usable of {os.cpu_count()}, "
+        f"load average at start {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min), "
+        f"Python {platform.python_version()}."
+    )
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """`median (min–max)` of repeated measurements, for tables."""
+    if not values:
+        return "–"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:,.{digits}f}"
+    return f"{med:,.{digits}f} ({min(values):,.{digits}f}–{max(values):,.{digits}f})"
+
+
+# When the benchmark (which imports this package first) started: other work on the machine is
+# the commonest reason two runs of one benchmark disagree.
+STARTED_LOAD = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+
+
 def command_line(module: str) -> str:
     return " ".join([".venv/bin/python", "-m", module, *map(shlex.quote, sys.argv[1:])])
 
 
 def write_section(name: str, body: str) -> None:
-    """Replace (or append) the section between this benchmark's markers."""
+    """Replace (or append) the section between this benchmark's markers; the body gets the
+    machine line (`machine()`) unless it has one."""
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    if "Machine: " not in body:  # every section says where it was measured
+        body = body.rstrip() + "\n\n" + machine()
     text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else HEADER
     block = f"{start}\n{body.rstrip()}\n{end}"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
