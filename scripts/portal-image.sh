@@ -55,13 +55,16 @@ if [ ! -f "$wheels/.complete" ]; then
 fi
 
 # The image's key: the base, the wheels and every file the build copies (git's view of them,
-# committed or not).
-files_key=$(git ls-files -co --exclude-standard -z | LC_ALL=C sort -z \
+# committed or not; tests/ stays out of the image, .containerignore).
+files_key=$(git ls-files -co --exclude-standard -z -- . ':!tests' | LC_ALL=C sort -z \
   | xargs -0 sha256sum 2>/dev/null | cat - Containerfile .containerignore | sha256sum | cut -c1-12)
 image="localhost/gpucloud-portal:$(printf '%s %s %s' "$base_key" "$wheels_key" "$files_key" | sha256sum | cut -c1-12)"
 if ! "${podman[@]}" image exists "$image" 2>/dev/null; then
   echo "portal image: podman build -t $image" >&2
   "${podman[@]}" build --quiet --network=none --build-arg "BASE=$base" \
     --volume "$PWD/$wheels:/wheels:ro" -f Containerfile -t "$image" . >&2
+  # Older builds of the portal image: untagged (the layers they share stay).
+  "${podman[@]}" images --format '{{.Repository}}:{{.Tag}}' localhost/gpucloud-portal \
+    | grep -vxF "$image" | xargs -r "${podman[@]}" untag >/dev/null 2>&1 || true
 fi
 echo "$image"
