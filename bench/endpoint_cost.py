@@ -24,6 +24,7 @@ least. Medians over runs, with the runs' min–max.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -80,10 +81,9 @@ def backends_cpu(dbname: str) -> float:
         pids = [row[0] for row in cur.fetchall()]
     total = 0.0
     for pid in pids:
-        try:
+        # not on this host's /proc (a remote server): PostgreSQL CPU reads 0
+        with contextlib.suppress(OSError):
             total += proc_cpu(pid)
-        except OSError:
-            pass  # not on this host's /proc (a remote server): PostgreSQL CPU reads 0
     return total
 
 
@@ -128,8 +128,10 @@ def main() -> None:
         "METRICS_TOKEN": METRICS_TOKEN,
     }
     web = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{args.port}"]
-        + ["-w", "1", "--threads", "1", "--log-level", "warning"],
+        [
+            *(sys.executable, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{args.port}"),
+            *("-w", "1", "--threads", "1", "--log-level", "warning"),
+        ],
         cwd=REPO,
         env=env,
         start_new_session=True,
@@ -151,7 +153,12 @@ def main() -> None:
         beat = heartbeat_body(fixtures["uuids"])
         job = api.post(
             f"{url}/api/v1/jobs",
-            json={"project": "bench", "name": "chart", "command": "true", "gpu_model": "H100-80GB-SXM"},
+            json={
+                "project": "bench",
+                "name": "chart",
+                "command": "true",
+                "gpu_model": "H100-80GB-SXM",
+            },
         ).json()["id"]
         counter = iter(range(10**9))
 
@@ -198,7 +205,7 @@ def main() -> None:
             ),
         }
         senders = {name: senders[name] for name in chosen}
-        for name, send in senders.items():  # warm every path up, not recorded
+        for send in senders.values():  # warm every path up, not recorded
             for i in range(20):
                 send(i)
         for run in range(args.runs):
@@ -296,9 +303,7 @@ def count_queries(fixtures: dict[str, Any], job: int) -> dict[str, float]:
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {fixtures['api']}")
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {fixtures['node']}")
-    uuids = list(
-        Gpu.objects.filter(uuid__in=fixtures["uuids"]).values_list("uuid", flat=True)
-    )
+    uuids = list(Gpu.objects.filter(uuid__in=fixtures["uuids"]).values_list("uuid", flat=True))
     version = agent.post("/api/agent/v1/sync", {}, format="json").json()["version"]
     metrics = APIClient()
     metrics.credentials(HTTP_AUTHORIZATION=f"Bearer {METRICS_TOKEN}")
@@ -320,7 +325,10 @@ def count_queries(fixtures: dict[str, Any], job: int) -> dict[str, float]:
             )
         ],
         "heartbeat": [
-            (1.0, lambda: agent.post("/api/agent/v1/heartbeat", heartbeat_body(uuids), format="json"))
+            (
+                1.0,
+                lambda: agent.post("/api/agent/v1/heartbeat", heartbeat_body(uuids), format="json"),
+            )
         ],
         "metrics": [(1.0, lambda: metrics.get("/metrics"))],
     }

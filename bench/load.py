@@ -14,7 +14,9 @@ no usage slice or invoice counted twice).
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import re
 import statistics
 import threading
 import time
@@ -153,6 +155,42 @@ def merge_agents(reading: dict[str, float]) -> dict[str, float]:
     return out
 
 
+# bench.load's endpoints by the capacity model's classes (docs/capacity.md)
+CLASS_OF = {
+    "GET / (dashboard)": "page view",
+    "GET /jobs/ (htmx list)": "page view",
+    "GET /api/v1/jobs": "page view",
+    "GET job chart series": "page view",
+    "POST /api/v1/jobs": "submit",
+}
+
+
+def model_prediction(
+    counts: dict[str, int], seconds: float, nodes: int, poll: float, heartbeat: float
+) -> tuple[float, list[list[str]]] | None:
+    """Web cores the capacity model predicts for this run: each class's rate (the users' and
+    the submitter's as counted, the agents' from their intervals: one idle sync per poll, one
+    heartbeat per heartbeat interval) times its web CPU per request as `bench.endpoint_cost`
+    last recorded it in docs/benchmarks.md. None when there is no such record."""
+    from bench import DOCS
+
+    found = re.search(r"<!-- endpoint_cost:data (\{.*?\}) -->", DOCS.read_text(encoding="utf-8"))
+    if not found:
+        return None
+    cost = json.loads(found.group(1))
+    rates: dict[str, float] = defaultdict(float)
+    for name, n in counts.items():
+        rates[CLASS_OF.get(name, "page view")] += n / seconds
+    rates["sync"] = nodes / poll
+    rates["heartbeat"] = nodes / heartbeat
+    rows, total = [], 0.0
+    for name in ("page view", "submit", "sync", "heartbeat"):
+        cores = rates[name] * cost[name]["web_ms"] / 1000
+        total += cores
+        rows.append([name, f"{rates[name]:.1f}", f"{cost[name]['web_ms']:.1f}", f"{cores:.2f}"])
+    return total, rows
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -171,6 +209,9 @@ def main() -> None:
     parser.add_argument("--heartbeat", type=float, default=None, help="agent heartbeat (s)")
     parser.add_argument("--ramp", type=float, default=60.0, help="agents start over this long")
     parser.add_argument("--section", default="load", help="docs/benchmarks.md section to write")
+    parser.add_argument(
+        "--no-docs", action="store_true", help="only print (no docs/benchmarks.md section)"
+    )
     args = parser.parse_args()
     db_url = setup("load")
     secret, tokens = seed(args.nodes, "")
@@ -278,9 +319,36 @@ def main() -> None:
         f"{statistics.median(durations):.2f} s, p95 {durations[int(0.95 * (len(durations) - 1))]:.2f} s, "
         f"max {durations[-1]:.2f} s; invariants at the end: **{ok}**."
     )
+    counts = {name: len(v) + rec.unanswered[name] for name, v in rec.latency.items()}
+    predicted = model_prediction(
+        counts,
+        float(args.seconds),
+        args.nodes,
+        args.poll or float(stack.env["AGENT_POLL_SECONDS"]),
+        args.heartbeat or float(stack.env["NODE_HEARTBEAT_SECONDS"]),
+    )
+    model_md = ""
+    if predicted is not None:
+        web_used = cpu_after["web (gunicorn)"] - cpu_before["web (gunicorn)"]
+        measured = web_used / args.seconds
+        total, model_rows = predicted
+        model_rows.append(["**predicted web cores**", "", "", f"**{total:.2f}**"])
+        model_rows.append(["**measured web cores**", "", "", f"**{measured:.2f}**"])
+        model_md = (
+            "\n\nThe capacity model (docs/capacity.md) against this run, web tier: "
+            f"measured / predicted = **{measured / total:.2f}** "
+            f"({'within' if abs(measured / total - 1) <= 0.25 else 'outside'} 25%).\n\n"
+            + markdown_table(
+                ["class", "requests/s", "web CPU ms/request (bench.endpoint_cost)", "cores"],
+                model_rows,
+            )
+        )
     print(table)
     print(cpu_table_md)
     print(summary)
+    print(model_md)
+    if args.no_docs:
+        return
     write_section(
         args.section,
         f"## Load: users, nodes and submissions together ({args.users} users, {args.nodes} nodes, "
@@ -292,7 +360,7 @@ def main() -> None:
         f"{args.ramp:g} s), and the users and the submitter are threads of the benchmark's own "
         "process, all on the same two cores. Errors are 5xx answers and requests unanswered "
         "after 30 s.\n\n" + table + "\n\nWhere the two cores went during the measured "
-        "window:\n\n" + cpu_table_md + "\n\n" + summary,
+        "window:\n\n" + cpu_table_md + "\n\n" + summary + model_md,
     )
 
 

@@ -66,8 +66,10 @@ def redis_with_password() -> Iterator[tuple[int, str, subprocess.Popen[bytes]]]:
     port, password = free_port(), uuid.uuid4().hex
     folder = tempfile.mkdtemp(prefix="portal-image-redis-")
     server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--requirepass", password]
-        + ["--save", "", "--appendonly", "no", "--dir", folder],
+        [
+            *("redis-server", "--port", str(port), "--bind", "127.0.0.1"),
+            *("--requirepass", password, "--save", "", "--appendonly", "no", "--dir", folder),
+        ],
         stdout=subprocess.DEVNULL,
     )
     yield port, password, server
@@ -91,12 +93,14 @@ def test_the_image_serves_health_and_readiness(
     nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
     nproc = min(4096, resource.getrlimit(resource.RLIMIT_NPROC)[1])
     started = subprocess.run(
-        [*PODMAN, "run", "-d", "--rm", "--name", name, "--network=host"]
-        + ["-e", f"DJANGO_SECRET_KEY={uuid.uuid4().hex}", "-e", f"DATABASE_URL={database_url}"]
-        + ["-e", f"REDIS_URL=redis://:{password}@127.0.0.1:{redis_port}/0"]
-        + ["-e", f"WEB_BIND=127.0.0.1:{port}", "-e", "WEB_WORKERS=1", "-e", "WEB_THREADS=2"]
-        + ["-e", "DJANGO_ALLOWED_HOSTS=127.0.0.1", f"--ulimit=nofile={nofile}:{nofile}"]
-        + [f"--ulimit=nproc={nproc}:{nproc}", image],
+        [
+            *(*PODMAN, "run", "-d", "--rm", "--name", name, "--network=host"),
+            *("-e", f"DJANGO_SECRET_KEY={uuid.uuid4().hex}", "-e", f"DATABASE_URL={database_url}"),
+            *("-e", f"REDIS_URL=redis://:{password}@127.0.0.1:{redis_port}/0"),
+            *("-e", f"WEB_BIND=127.0.0.1:{port}", "-e", "WEB_WORKERS=1", "-e", "WEB_THREADS=2"),
+            *("-e", "DJANGO_ALLOWED_HOSTS=127.0.0.1", f"--ulimit=nofile={nofile}:{nofile}"),
+            *(f"--ulimit=nproc={nproc}:{nproc}", image),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
