@@ -8,6 +8,7 @@ import re
 import shlex
 import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,15 +34,31 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def speed_anchor() -> float:
+    """CPU milliseconds of one fixed pure-Python loop, best of 7: how fast this machine runs
+    the interpreter. Two machines' results compare once divided by their anchors (CPU time, and
+    the best of several, so other work on the machine moves it less than it moves wall time)."""
+    best = float("inf")
+    for _ in range(7):
+        started = time.process_time()
+        total = 0
+        for i in range(300_000):
+            total += i % 7
+        best = min(best, time.process_time() - started)
+    return best * 1000
+
+
 def machine() -> str:
     """One line naming the machine a benchmark ran on: CPU model, cores this process may use
-    (of the machine's), and the load average when the benchmark started (`STARTED_LOAD`)."""
+    (of the machine's), the load average when the benchmark started (`STARTED_LOAD`) and the
+    interpreter's speed there (`speed_anchor`)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     one, five, fifteen = STARTED_LOAD
     return (
         f"Machine: {_cpu_model()}, {usable} cores usable of {os.cpu_count()}, "
         f"load average at start {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min), "
-        f"Python {platform.python_version()}."
+        f"Python {platform.python_version()}, speed anchor {speed_anchor():.1f} ms "
+        "(CPU time of `bench.speed_anchor`'s fixed loop, best of 7)."
     )
 
 

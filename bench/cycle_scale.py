@@ -14,7 +14,7 @@ import random
 import statistics
 import time
 
-from bench import command_line, markdown_table, write_section
+from bench import command_line, markdown_table, spread, write_section
 from bench.django_env import setup, teardown
 
 
@@ -171,10 +171,10 @@ def main() -> None:
             f"{args.nodes}",
             f"{args.nodes * 8}",
             f"{args.jobs}",
-            f"{med['snapshot']:.2f}",
-            f"{med['plan']:.2f}",
-            f"{med['apply']:.2f}",
-            f"{med['total']:.2f}",
+            spread([r["snapshot"] for r in runs], 2),
+            spread([r["plan"] for r in runs], 2),
+            spread([r["apply"] for r in runs], 2),
+            spread([r["total"] for r in runs], 2),
             f"{int(med['placed'])}",
             "< 2 s",
             "met" if med["total"] < 2 else "missed",
@@ -185,7 +185,7 @@ def main() -> None:
             "nodes",
             "GPUs",
             "queued",
-            "snapshot s",
+            "snapshot s (median, min–max)",
             "plan s",
             "apply s",
             "cycle s",

@@ -217,7 +217,8 @@ def main() -> None:
                 wall = time.perf_counter() - t0
                 web1, pg1 = group_cpu(web.pid), backends_cpu(dbname)
                 results[name]["web"].append((web1 - web0) / n)
-                results[name]["pg"].append((pg1 - pg0) / n)
+                if pg1 >= pg0:  # else a backend ended meanwhile, taking its CPU count along
+                    results[name]["pg"].append((pg1 - pg0) / n)
                 results[name]["wall"].append(wall / n)
             print(f"run {run + 1} of {args.runs} done", flush=True)
     finally:
@@ -229,7 +230,7 @@ def main() -> None:
     for name in chosen:
         r = results[name]
         web_ms = statistics.median(r["web"]) * 1000
-        pg_ms = statistics.median(r["pg"]) * 1000
+        pg_ms = statistics.median(r["pg"] or [0.0]) * 1000
         rows.append(
             [
                 name,
@@ -259,7 +260,7 @@ def main() -> None:
     data = {
         name: {
             "web_ms": statistics.median(results[name]["web"]) * 1000,
-            "pg_ms": statistics.median(results[name]["pg"]) * 1000,
+            "pg_ms": statistics.median(results[name]["pg"] or [0.0]) * 1000,
             "queries": queries[name],
         }
         for name in chosen

@@ -142,7 +142,7 @@ class Stack:
         self._spawn(
             "celery", "-A", "config", "beat", "--loglevel", "WARNING", "--schedule", str(beat_file)
         )
-        wait_port(self.url)
+        wait_port(self.url, timeout=180)  # three workers importing Django on a busy machine
 
     def agents(
         self, tokens: dict[str, str], gpus: str = "8xH100-80GB-SXM", poll_s: float = 1.0
