@@ -487,7 +487,6 @@ def job_from_spec(
     return job
 
 
-@transaction.atomic
 class QueueFull(DomainError):
     status = 429
 
@@ -505,6 +504,7 @@ def queued_cap_check(*, project: Project, adding: int) -> None:
         )
 
 
+@transaction.atomic
 def job_submit(
     *, actor: User, project: Project, spec: JobSpec, remote_addr: str | None = None
 ) -> list[Job]:
