@@ -18,10 +18,12 @@ import json
 import random
 import re
 import statistics
+import tempfile
 import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import requests
 
@@ -155,34 +157,42 @@ def merge_agents(reading: dict[str, float]) -> dict[str, float]:
     return out
 
 
-# bench.load's endpoints by the capacity model's classes (docs/capacity.md)
-CLASS_OF = {
-    "GET / (dashboard)": "page view",
-    "GET /jobs/ (htmx list)": "page view",
-    "GET /api/v1/jobs": "page view",
-    "GET job chart series": "page view",
-    "POST /api/v1/jobs": "submit",
-}
+def served(log: Path, start: int, end: int) -> dict[str, int]:
+    """Requests gunicorn answered between two offsets of its access log, by the capacity
+    model's class (other agent requests count as syncs, other pages as page views)."""
+    counts: dict[str, int] = defaultdict(int)
+    with log.open("rb") as f:
+        f.seek(start)
+        chunk = f.read(end - start).decode("utf-8", "replace")
+    for line in chunk.splitlines():
+        found = re.search(r'"(GET|POST|PUT|PATCH|DELETE|HEAD) (\S+)', line)
+        if not found:
+            continue
+        method, path = found.groups()
+        if path.startswith("/api/agent/"):
+            counts["heartbeat" if "/heartbeat" in path else "sync"] += 1
+        elif path.startswith("/metrics"):
+            counts["metrics"] += 1
+        elif method == "POST" and path.startswith("/api/v1/jobs"):
+            counts["submit"] += 1
+        else:
+            counts["page view"] += 1
+    return counts
 
 
 def model_prediction(
-    counts: dict[str, int], seconds: float, nodes: int, poll: float, heartbeat: float
+    counts: dict[str, int], seconds: float
 ) -> tuple[float, list[list[str]]] | None:
-    """Web cores the capacity model predicts for this run: each class's rate (the users' and
-    the submitter's as counted, the agents' from their intervals: one idle sync per poll, one
-    heartbeat per heartbeat interval) times its web CPU per request as `bench.endpoint_cost`
-    last recorded it in docs/benchmarks.md. None when there is no such record."""
+    """Web cores the capacity model predicts for this run: each class's rate, as gunicorn
+    served it, times its web CPU per request as `bench.endpoint_cost` last recorded it in
+    docs/benchmarks.md. None when there is no such record."""
     from bench import DOCS
 
     found = re.search(r"<!-- endpoint_cost:data (\{.*?\}) -->", DOCS.read_text(encoding="utf-8"))
     if not found:
         return None
     cost = json.loads(found.group(1))
-    rates: dict[str, float] = defaultdict(float)
-    for name, n in counts.items():
-        rates[CLASS_OF.get(name, "page view")] += n / seconds
-    rates["sync"] = nodes / poll
-    rates["heartbeat"] = nodes / heartbeat
+    rates = {name: counts.get(name, 0) / seconds for name in cost}
     rows, total = [], 0.0
     for name in ("page view", "submit", "sync", "heartbeat"):
         cores = rates[name] * cost[name]["web_ms"] / 1000
@@ -229,6 +239,8 @@ def main() -> None:
         users.append(email)
     teardown()
     stack = Stack(db_url, args.port, args.web_workers, "scheduler,default,telemetry,billing")
+    access_log = Path(tempfile.mkdtemp(prefix="bench-load-")) / "access.log"
+    stack.access_log = access_log
     rec = Recorder()
     stop = threading.Event()
     try:
@@ -266,10 +278,12 @@ def main() -> None:
             **{f"agents, process {k + 1}": p.pid for k, p in enumerate(stack.swarms)},
         }
         cpu_before = cpu_seconds(groups)
+        log_window = [access_log.stat().st_size, 0]
         for t in threads:
             t.start()
         time.sleep(args.seconds)
         cpu_after = cpu_seconds(groups)
+        log_window[1] = access_log.stat().st_size
         stop.set()
         for t in threads:
             t.join(timeout=35)
@@ -319,14 +333,7 @@ def main() -> None:
         f"{statistics.median(durations):.2f} s, p95 {durations[int(0.95 * (len(durations) - 1))]:.2f} s, "
         f"max {durations[-1]:.2f} s; invariants at the end: **{ok}**."
     )
-    counts = {name: len(v) + rec.unanswered[name] for name, v in rec.latency.items()}
-    predicted = model_prediction(
-        counts,
-        float(args.seconds),
-        args.nodes,
-        args.poll or float(stack.env["AGENT_POLL_SECONDS"]),
-        args.heartbeat or float(stack.env["NODE_HEARTBEAT_SECONDS"]),
-    )
+    predicted = model_prediction(served(access_log, *log_window), float(args.seconds))
     model_md = ""
     if predicted is not None:
         web_used = cpu_after["web (gunicorn)"] - cpu_before["web (gunicorn)"]

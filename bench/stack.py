@@ -99,6 +99,7 @@ class Stack:
             "RATE_USER": "60000/min",
         }
         self.port, self.web_workers, self.queues = port, web_workers, queues
+        self.access_log: Path | None = None  # set before start() to count requests served
         self.procs: list[subprocess.Popen[bytes]] = []
         self.swarms: list[subprocess.Popen[bytes]] = []
         self.stop_agents = threading.Event()
@@ -123,6 +124,7 @@ class Stack:
             "4",
             "--log-level",
             "warning",
+            *(("--access-logfile", str(self.access_log)) if self.access_log else ()),
         )
         self._spawn(
             "celery",
