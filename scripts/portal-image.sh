@@ -63,8 +63,11 @@ if ! "${podman[@]}" image exists "$image" 2>/dev/null; then
   echo "portal image: podman build -t $image" >&2
   "${podman[@]}" build --quiet --network=none --build-arg "BASE=$base" \
     --volume "$PWD/$wheels:/wheels:ro" -f Containerfile -t "$image" . >&2
-  # Older builds of the portal image: untagged (the layers they share stay).
+  # Older builds of the portal image: each name removed (only that name: an unchanged build
+  # can share its image with an older name), the layers they share stay.
   "${podman[@]}" images --format '{{.Repository}}:{{.Tag}}' localhost/gpucloud-portal \
-    | grep -vxF "$image" | xargs -r "${podman[@]}" untag >/dev/null 2>&1 || true
+    | { grep -vxF "$image" || true; } | while read -r old; do
+      "${podman[@]}" untag "$old" "$old" >/dev/null 2>&1 || true
+    done
 fi
 echo "$image"
