@@ -193,3 +193,75 @@ def test_another_tenant_cannot_see_or_retry_an_array(team, fleet, api):
 def test_a_plain_job_has_no_array(team, fleet, api):
     job = submit(api, team["member"]).json()["id"]
     assert api(team["member"]).get(f"/api/v1/jobs/{job}/array").status_code == 404
+
+
+# ---------------------------------------------------------------- pages
+
+FORM = {
+    "project": "alpha",
+    "name": "merge",
+    "command": "python merge.py",
+    "gpu_model": "H100-80GB-SXM",
+    "shape": "whole",
+    "gpus": "1",
+    "priority": "1",
+    "shard_count": "1",
+    "max_restarts": "0",
+}
+
+
+def test_the_form_takes_dependencies_in_slurms_syntax(client, team, fleet, api):
+    root = submit(api, team["member"], shard_count=2).json()[0]["id"]
+    client.force_login(team["member"])
+    resp = client.post("/jobs/new/", {**FORM, "dependencies": f"afterok:{root}"})
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    merge = Job.objects.get(name="merge")
+    assert merge.waiting_on_dependencies
+    page = client.get(f"/jobs/{merge.pk}/").content.decode()
+    assert f"waiting for array {root} to succeed (0 of 2 shards done)" in page
+    assert 'data-testid="dependencies"' in page
+
+
+def test_the_form_puts_a_bad_dependency_next_to_its_field(client, team, fleet, api):
+    theirs = submit(api, team["outsider"], project="beta").json()["id"]
+    client.force_login(team["member"])
+    for text, words in [("after_ok=3", "after_ok:12"), (f"after_ok:{theirs}", "can see")]:
+        resp = client.post("/jobs/new/", {**FORM, "dependencies": text})
+        assert resp.status_code == 400
+        errors = resp.context["form"].errors
+        assert "dependencies" in errors and words in str(errors["dependencies"])
+    assert not Job.objects.filter(name="merge").exists()
+
+
+def test_the_array_page_shows_shards_progress_and_retries_the_failed(team, fleet, api):
+    from django.test import Client
+
+    shards = submit(api, team["member"], shard_count=3).json()
+    root = shards[0]["id"]
+    run_cycle()
+    end(root, JobState.SUCCEEDED)
+    end(shards[2]["id"], JobState.FAILED)
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(team["member"])
+    page = browser.get(f"/jobs/{shards[1]['id']}/array/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "2 of 3" in html and "1 failed" in html
+    assert 'aria-valuenow="67"' in html
+    assert 'data-testid="retry-failed"' in html
+    assert f'hx-get="/jobs/{shards[2]["id"]}/logs/?after=0"' in html  # each shard's log
+
+    url = f"/jobs/{root}/array/retry/"
+    assert browser.post(url).status_code == 403  # no CSRF token
+    token = browser.cookies["csrftoken"].value
+    assert browser.post(url, {"csrfmiddlewaretoken": token}).status_code == 302
+    assert Job.objects.get(pk=shards[2]["id"]).state == JobState.QUEUED
+    assert Job.objects.get(pk=root).state == JobState.SUCCEEDED
+
+    viewer = Client()
+    viewer.force_login(team["viewer"])
+    html = viewer.get(f"/jobs/{root}/array/").content.decode()
+    assert 'data-testid="retry-failed"' not in html
+    outsider = Client()
+    outsider.force_login(team["outsider"])
+    assert outsider.get(f"/jobs/{root}/array/").status_code == 404

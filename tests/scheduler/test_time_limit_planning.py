@@ -29,7 +29,13 @@ def submit(api, user, **fields) -> int:
 
 @pytest.mark.parametrize(
     ("estimate", "limit", "planned"),
-    [(None, None, None), (600, None, 600), (None, 3600, 3600), (600, 3600, 600), (9000, 3600, 3600)],
+    [
+        (None, None, None),
+        (600, None, 600),
+        (None, 3600, 3600),
+        (600, 3600, 600),
+        (9000, 3600, 3600),
+    ],
 )
 def test_the_planned_runtime_is_the_estimate_capped_by_the_limit(estimate, limit, planned):
     assert planned_runtime_s(estimate, limit) == planned
