@@ -383,8 +383,13 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     now = now or timezone.now()
     expire_stale_preemptions(now=now)
     queued = reads.queued_kinds()
-    if "dependencies" in queued and dependencies_settle().released:
-        queued = reads.queued_kinds()  # released jobs are planned (or handed over) this cycle
+    if "dependencies" in queued:
+        settled = dependencies_settle()
+        for job in Job.objects.filter(pk__in=settled.failed).select_related("pool"):
+            if backends.is_external(job):
+                backends.cancel(job)  # scancel what Slurm holds for a dependency never met
+        if settled.released:
+            queued = reads.queued_kinds()  # released jobs are planned (or handed over) now
     if "slurm" in queued:
         backends.handoff()  # queued jobs of Slurm pools go to Slurm (its scheduler places them)
     result = CycleResult()

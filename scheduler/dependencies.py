@@ -10,8 +10,8 @@ plan it. Each cycle that finds such jobs first settles them (`dependencies_settl
 
 A dependency on an array's id (its first shard's job id, as in Slurm) means every shard.
 Jobs of Slurm pools are handed to Slurm with the same dependencies in Slurm's ids
-(`slurm_dependency`), so Slurm holds them; this module still fails them when a dependency can no
-longer be met, and `scancel`s them.
+(`scheduler.backends.slurm.submit.slurm_dependency`), so Slurm holds them; this module still
+fails them when a dependency can no longer be met (the cycle then `scancel`s them).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import Role, User
 from portal.services import require_role
-from scheduler import backends
 from scheduler.cycle_requests import request_cycle
 from scheduler.models import (
     TERMINAL_STATES,
@@ -37,6 +36,7 @@ from scheduler.models import (
     JobDependency,
     JobEvent,
     JobState,
+    Pool,
 )
 from scheduler.selectors import job_list_visible_to, with_landed_model
 from scheduler.transitions import job_transition
@@ -131,7 +131,7 @@ def array_members(root_id: int) -> Q:
     return Q(pk=root_id) | Q(array_parent_id=root_id)
 
 
-def _states_of(targets: Iterable[Target]) -> dict[int, list[tuple[int, int | None, str]]]:
+def states_of(targets: Iterable[Target]) -> dict[int, list[tuple[int, int | None, str]]]:
     """(job id, shard index, state) of what each `on` covers, in one query."""
     ids, roots = set(), set()
     for t in targets:
@@ -216,7 +216,7 @@ def dependencies_resolve(
             field="dependencies",
         )
     targets = [Target(on=i, kind=k, whole_array=is_array_root(seen[i])) for k, i in deps]
-    verdict = judge_all(targets, _states_of(targets))
+    verdict = judge_all(targets, states_of(targets))
     if verdict.dead:
         raise DomainError(
             f"This dependency can never be met: {verdict.dead}.", field="dependencies"
@@ -242,7 +242,7 @@ class Settled:
     waiting: int
 
 
-def _targets_of(job_ids: Sequence[int]) -> dict[int, list[Target]]:
+def targets_of(job_ids: Sequence[int]) -> dict[int, list[Target]]:
     out: dict[int, list[Target]] = defaultdict(list)
     rows = JobDependency.objects.filter(job_id__in=job_ids).values_list(
         "job_id", "on_id", "kind", "whole_array"
@@ -262,8 +262,8 @@ def dependencies_settle(*, limit: int = 5000) -> Settled:
     )
     if not held:
         return Settled([], [], 0)
-    targets = _targets_of([pk for pk, _m, _s in held])
-    covered = _states_of(t for ts in targets.values() for t in ts)
+    targets = targets_of([pk for pk, _m, _s in held])
+    covered = states_of(t for ts in targets.values() for t in ts)
     released, dead, messages = [], {}, []
     for pk, message, slurm_id in held:
         verdict = judge_all(targets.get(pk, []), covered)
@@ -333,8 +333,6 @@ def _fail(job_id: int, why: str) -> bool:
                 project=job.project,
                 data={"reason": reason},
             )
-            if backends.is_external(job):
-                transaction.on_commit(lambda: backends.cancel(job))
     except (Conflict, Job.DoesNotExist):
         return False
     return True
@@ -393,7 +391,7 @@ def array_retry_failed(*, actor: User, root: Job, remote_addr: str | None = None
     require_role(user=actor, project=root.project, roles=(Role.OWNER, Role.MEMBER))
     if not is_array_root(root):
         raise Conflict(f"Job {root.pk} is not an array job.", code="not_an_array")
-    if backends.is_external(root):
+    if root.pool is not None and root.pool.backend != Pool.Backend.AGENTS:
         raise Conflict(
             "Retrying shards of a Slurm pool's array is not supported yet; "
             "resubmit the failed shards, or requeue them in Slurm (scontrol requeue).",
@@ -440,25 +438,3 @@ def array_retry_failed(*, actor: User, root: Job, remote_addr: str | None = None
     )
     transaction.on_commit(request_cycle)
     return failed
-
-
-def slurm_dependency(job: Job, slurm_ids: dict[int, str]) -> str | None:
-    """Slurm's ``--dependency`` value for a job of a Slurm pool, or None while it cannot be
-    handed over yet (a job it waits on is not in Slurm, or runs elsewhere and is not done).
-
-    `slurm_ids`: the Slurm id of each of our jobs already in the same cluster. Dependencies met
-    already are left out; an array is named by its Slurm array job id (all its tasks)."""
-    targets = _targets_of([job.pk]).get(job.pk, [])
-    covered = _states_of(targets)
-    parts: list[str] = []
-    for t in targets:
-        if judge(t, covered.get(t.on, [])).met:
-            continue
-        sid = slurm_ids.get(t.on)
-        if sid is None:
-            return None
-        if t.whole_array:
-            sid = sid.split("_", 1)[0]
-        slurm_kind = "afterok" if t.kind == DependencyKind.AFTER_OK else "afterany"
-        parts.append(f"{slurm_kind}:{sid}")
-    return ",".join(parts)
