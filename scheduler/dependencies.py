@@ -27,6 +27,7 @@ from django.db.models import Q
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import Role, User
+from portal.selectors import project_list_visible_to
 from portal.services import require_role
 from scheduler.cycle_requests import request_cycle
 from scheduler.models import (
@@ -38,7 +39,6 @@ from scheduler.models import (
     JobState,
     Pool,
 )
-from scheduler.selectors import job_list_visible_to, with_landed_model
 from scheduler.transitions import job_transition
 
 MAX_DEPENDENCIES = 64
@@ -204,10 +204,9 @@ def dependencies_resolve(
     ids = [job_id for _kind, job_id in deps]
     seen = {
         j.pk: j
-        for j in job_list_visible_to(user=user)
-        .filter(pk__in=ids)
-        .select_related(None)
-        .only("pk", "shard_count", "array_parent_id")
+        for j in Job.objects.filter(
+            pk__in=ids, project__in=project_list_visible_to(user=user)
+        ).only("pk", "shard_count", "array_parent_id")
     }
     missing = [i for i in ids if i not in seen]
     if missing:
@@ -374,11 +373,7 @@ class ArrayView:
 
 def array_view(root: Job) -> ArrayView:
     """An array's shards in index order, counted by state (`root`: the array's first job)."""
-    shards = list(
-        with_landed_model(Job.objects.filter(array_members(root.pk)))
-        .select_related("gpu_model")
-        .order_by("shard_index", "pk")
-    )
+    shards = list(Job.objects.filter(array_members(root.pk)).order_by("shard_index", "pk"))
     by_state: dict[str, int] = defaultdict(int)
     for job in shards:
         by_state[job.state] += 1
