@@ -133,7 +133,8 @@ def array_members(root_id: int) -> Q:
 
 def states_of(targets: Iterable[Target]) -> dict[int, list[tuple[int, int | None, str]]]:
     """(job id, shard index, state) of what each `on` covers, in one query."""
-    ids, roots = set(), set()
+    ids: set[int] = set()
+    roots: set[int] = set()
     for t in targets:
         (roots if t.whole_array else ids).add(t.on)
     covered: dict[int, list[tuple[int, int | None, str]]] = defaultdict(list)
@@ -263,7 +264,9 @@ def dependencies_settle(*, limit: int = 5000) -> Settled:
         return Settled([], [], 0)
     targets = targets_of([pk for pk, _m, _s in held])
     covered = states_of(t for ts in targets.values() for t in ts)
-    released, dead, messages = [], {}, []
+    released: list[int] = []
+    dead: dict[int, str] = {}
+    messages: list[Job] = []
     for pk, message, slurm_id in held:
         verdict = judge_all(targets.get(pk, []), covered)
         if verdict.met:
