@@ -265,3 +265,20 @@ def test_the_array_page_shows_shards_progress_and_retries_the_failed(team, fleet
     outsider = Client()
     outsider.force_login(team["outsider"])
     assert outsider.get(f"/jobs/{root}/array/").status_code == 404
+
+
+def test_the_dry_run_says_the_job_waits_for_its_dependencies(team, fleet, api):
+    first = submit(api, team["member"]).json()["id"]
+    body = {
+        "project": "alpha",
+        "name": "m",
+        "command": "true",
+        "dependencies": [{"type": "after_ok", "job": first}],
+    }
+    resp = api(team["member"]).post("/api/v1/jobs/dry-run", body, format="json")
+    assert resp.status_code == 200, resp.content
+    data = resp.json()
+    assert data["would_start_now"] is False
+    assert data["wait_message"].startswith(
+        f"It starts only after its dependencies (after_ok:{first})"
+    )
