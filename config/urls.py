@@ -102,6 +102,12 @@ urlpatterns = [
     path("jobs/<int:job_id>/", web_views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", scheduler_views.job_cancel_view, name="job-cancel"),
     path("jobs/<int:job_id>/logs/", scheduler_views.job_logs, name="job-logs"),
+    path("jobs/<int:job_id>/array/", scheduler_views.job_array, name="job-array"),
+    path(
+        "jobs/<int:job_id>/array/retry/",
+        scheduler_views.job_array_retry,
+        name="job-array-retry",
+    ),
     path(
         "jobs/<int:job_id>/logs/download/",
         scheduler_views.job_logs_download,

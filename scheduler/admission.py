@@ -25,11 +25,18 @@ from scheduler import backends, ports
 from scheduler.core.model import MILLI, gpu_demand_milli, gpus_requested
 from scheduler.core.periods import month_start
 from scheduler.cycle_requests import request_cycle
+from scheduler.dependencies import (
+    dependencies_resolve,
+    dependencies_text,
+    dependency_rows,
+    spec_dependencies_validate,
+)
 from scheduler.models import (
     ACTIVE_STATES,
     PRECISIONS,
     GpuModel,
     Job,
+    JobDependency,
     JobEvent,
     JobState,
     Pool,
@@ -88,6 +95,8 @@ class JobSpec:
     elastic_min: int | None = None
     elastic_max: int | None = None
     shard_count: int = 1
+    # (kind, job id): Slurm's afterok/afterany; a job id that is an array's means all its shards
+    dependencies: tuple[tuple[str, int], ...] = ()
     source: str = Job.Source.API
     manifest_ignored: tuple[dict[str, str], ...] = ()
     pool: Pool | None = None  # None: any pool our agents run; a Slurm pool: Slurm runs it
@@ -167,6 +176,7 @@ def spec_validate(spec: JobSpec) -> JobSpec:
         raise bad("max_restarts", "Allow 0 to 10 restarts.")
     if not 1 <= spec.shard_count <= MAX_SHARDS:
         raise bad("shard_count", f"An array job has 1 to {MAX_SHARDS} shards.")
+    spec_dependencies_validate(spec.dependencies)
     if len(spec.env) > MAX_ENV_VARS:
         raise bad("env", f"At most {MAX_ENV_VARS} environment variables.")
     payload = spec_payload_bytes(spec)
@@ -518,6 +528,7 @@ def job_submit(
     """
     require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
     spec = spec_validate(spec)
+    targets, waiting = dependencies_resolve(user=actor, deps=spec.dependencies)
     queued_cap_check(project=project, adding=spec.shard_count)
     now = timezone.now()
     # Billing's checks do not read the quota: asked before the lock, they do not lengthen it.
@@ -548,6 +559,10 @@ def job_submit(
         job.state = to
         if verdict.admit:
             job.queued_at = now
+            if not waiting.met:  # planned only once what it depends on is done
+                job.waiting_on_dependencies = True
+                job.pending_reason = "dependency"
+                job.pending_message = waiting.waiting[:500]
         else:
             job.failure_reason = verdict.reason[:500]
             job.finished_at = now
@@ -556,6 +571,8 @@ def job_submit(
         for job in jobs[1:]:
             job.array_parent = jobs[0]
         Job.objects.bulk_create(jobs[1:])
+    if targets and verdict.admit:
+        JobDependency.objects.bulk_create(dependency_rows(jobs, targets))
     if verdict.admit:
         reason = f"Submitted by {actor.email}. {verdict.reason}"
         data = {"quota": list(verdict.quota_notes), "borrowed": verdict.borrowed}
@@ -589,7 +606,12 @@ def job_submit(
         action="job.submit" if verdict.admit else "job.reject",
         target=jobs[0],
         project=project,
-        data={"jobs": [j.pk for j in jobs], "gpus": spec.gpu_count, "reason": verdict.reason},
+        data={
+            "jobs": [j.pk for j in jobs],
+            "gpus": spec.gpu_count,
+            "reason": verdict.reason,
+            **({"dependencies": dependencies_text(spec.dependencies)} if targets else {}),
+        },
         remote_addr=remote_addr,
     )
     if verdict.admit:

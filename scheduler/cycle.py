@@ -34,9 +34,11 @@ from scheduler.core.model import (
     Snapshot,
     billed_share_milli,
     gpu_capacity_milli,
+    planned_runtime_s,
 )
 from scheduler.core.plan import QUEUE_POLICIES, Plan, PolicyConfig, plan
 from scheduler.core.scorers import SCORER_NAMES
+from scheduler.dependencies import dependencies_settle
 from scheduler.models import (
     Allocation,
     Gpu,
@@ -95,6 +97,7 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
             preemptible=job.preemptible,
             borrowed=job.borrowed,
             runtime_estimate_s=job.runtime_estimate_s,
+            time_limit_s=job.time_limit_s,
             elastic_min=job.elastic_min,
             elastic_max=job.elastic_max,
             pool=job.pool.name if job.pool is not None else None,
@@ -139,7 +142,7 @@ def job_request_from_row(
         memory_mib=row.memory_mib,
         priority=row.priority,
         preemptible=row.preemptible or row.borrowed,
-        runtime_estimate_s=row.runtime_estimate_s,
+        runtime_estimate_s=planned_runtime_s(row.runtime_estimate_s, row.time_limit_s),
         elastic_min=row.elastic_min,
         elastic_max=row.elastic_max,
         pool=row.pool,
@@ -209,7 +212,7 @@ def build_state(
                 preemptible=(job.preemptible or job.borrowed) and job.state != JobState.PREEMPTING,
                 started_at=min(a.started_s for a in allocs),
                 min_runtime_s=job.min_runtime_s,
-                runtime_estimate_s=job.runtime_estimate_s,
+                runtime_estimate_s=planned_runtime_s(job.runtime_estimate_s, job.time_limit_s),
                 shares=tuple(
                     Share(
                         node_id=a.node_id,
@@ -380,6 +383,13 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     now = now or timezone.now()
     expire_stale_preemptions(now=now)
     queued = reads.queued_kinds()
+    if "dependencies" in queued:
+        settled = dependencies_settle()
+        for job in Job.objects.filter(pk__in=settled.failed).select_related("pool"):
+            if backends.is_external(job):
+                backends.cancel(job)  # scancel what Slurm holds for a dependency never met
+        if settled.released:
+            queued = reads.queued_kinds()  # released jobs are planned (or handed over) now
     if "slurm" in queued:
         backends.handoff()  # queued jobs of Slurm pools go to Slurm (its scheduler places them)
     result = CycleResult()

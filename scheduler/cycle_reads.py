@@ -52,6 +52,7 @@ class ActiveAllocationRow(NamedTuple):
     state: str
     min_runtime_s: int
     runtime_estimate_s: int | None
+    time_limit_s: int | None
     elastic_min: int | None
     elastic_max: int | None
     job_cpu_milli: int
@@ -74,6 +75,7 @@ ACTIVE_ALLOCATIONS = CompiledQuery(
         "job__state",
         "job__min_runtime_s",
         "job__runtime_estimate_s",
+        "job__time_limit_s",
         "job__elastic_min",
         "job__elastic_max",
         "job__cpu_milli",
@@ -164,6 +166,7 @@ class QueuedJobRow(NamedTuple):
     preemptible: bool
     borrowed: bool
     runtime_estimate_s: int | None
+    time_limit_s: int | None
     elastic_min: int | None
     elastic_max: int | None
     pool: str | None
@@ -179,7 +182,7 @@ class QueuedJobRow(NamedTuple):
 
 QUEUED_JOBS = CompiledQuery(
     lambda: (
-        Job.objects.filter(state=JobState.QUEUED)
+        Job.objects.filter(state=JobState.QUEUED, waiting_on_dependencies=False)
         .exclude(pool__backend=Pool.Backend.SLURM)  # Slurm's jobs are handed over, not planned
         .order_by("queued_at", "pk")
         .values_list(
@@ -198,6 +201,7 @@ QUEUED_JOBS = CompiledQuery(
             "preemptible",
             "borrowed",
             "runtime_estimate_s",
+            "time_limit_s",
             "elastic_min",
             "elastic_max",
             "pool__name",
@@ -307,14 +311,21 @@ class KindRow(NamedTuple):
     kind: str
 
 
-# Anything queued? One read answers both questions: a job for our plan ("agents"), a job of a
-# Slurm pool that Slurm has not got yet ("slurm": the hand-off). Slurm's jobs are never planned.
+# Anything queued? One read answers the three questions: a job for our plan ("agents"), a job
+# of a Slurm pool that Slurm has not got yet ("slurm": the hand-off), a job waiting on others
+# ("dependencies": settled before planning). Slurm's jobs are never planned.
 def _agents_queued() -> QuerySet[Job, tuple[str]]:
     return (
-        Job.objects.filter(state=JobState.QUEUED)
+        Job.objects.filter(state=JobState.QUEUED, waiting_on_dependencies=False)
         .exclude(pool__backend=Pool.Backend.SLURM)
         .values_list(Value("agents", output_field=CharField()))[:1]
     )
+
+
+def _dependencies_queued() -> QuerySet[Job, tuple[str]]:
+    return Job.objects.filter(state=JobState.QUEUED, waiting_on_dependencies=True).values_list(
+        Value("dependencies", output_field=CharField())
+    )[:1]
 
 
 def _slurm_queued() -> QuerySet[Job, tuple[str]]:
@@ -323,15 +334,19 @@ def _slurm_queued() -> QuerySet[Job, tuple[str]]:
     ).values_list(Value("slurm", output_field=CharField()))[:1]
 
 
-ANY_QUEUED = CompiledQuery(lambda: _agents_queued().union(_slurm_queued(), all=True), row=KindRow)
+ANY_QUEUED = CompiledQuery(
+    lambda: _agents_queued().union(_slurm_queued(), _dependencies_queued(), all=True), row=KindRow
+)
 
 
 def queued_kinds() -> set[str]:
-    """{"agents", "slurm"} or part of it: what the cycle has to do."""
+    """{"agents", "slurm", "dependencies"} or part of it: what the cycle has to do."""
     if connection.features.supports_slicing_ordering_in_compound:
         return {row[0] for row in ANY_QUEUED.rows()}
     # SQLite (the embedded default) takes no LIMIT inside a UNION: two reads
-    return {kind for qs in (_agents_queued(), _slurm_queued()) for (kind,) in qs}
+    return {
+        kind for qs in (_agents_queued(), _slurm_queued(), _dependencies_queued()) for (kind,) in qs
+    }
 
 
 OVERDUE_PREEMPTION = CompiledQuery(

@@ -205,6 +205,13 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         else:  # waits only for the preemption of lower-priority work
             reason = PendingReason.PREEMPTING.label
             message = "Lower-priority preemptible work would be stopped to make room."
+    if verdict.admit and spec.dependencies:  # it waits for them first, however free the GPUs
+        then = message or ("GPUs are free for it now" if start_now else "")
+        words = ", ".join(f"{kind}:{job_id}" for kind, job_id in spec.dependencies)
+        start_now, estimated, reason = False, None, PendingReason.DEPENDENCY.label
+        message = f"It starts only after its dependencies ({words})" + (
+            f"; as the cluster stands: {then}" if then else ""
+        )
     if placed:
         rate, per_hour, total = _placed_quote(placed[0], spec, borrowed=verdict.borrowed)
         most = None

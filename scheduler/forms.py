@@ -9,6 +9,7 @@ from django import forms
 from portal.errors import DomainError
 from portal.models import Project
 from scheduler.admission import JobSpec, spec_validate
+from scheduler.dependencies import dependencies_parse
 from scheduler.models import PRECISIONS, GpuModel, Job, Pool, PriorityClass
 
 
@@ -84,6 +85,14 @@ class JobForm(forms.Form):
     elastic_max = forms.IntegerField(min_value=1, required=False)
     shard_count = forms.IntegerField(min_value=1, max_value=1000, initial=1, required=False)
     max_restarts = forms.IntegerField(min_value=0, max_value=10, initial=0, required=False)
+    dependencies = forms.CharField(
+        max_length=2000,
+        required=False,
+        label="Start after",
+        help_text="Slurm's syntax: after_ok:12 (once job 12 succeeded), after_any:12:13 (once "
+        "both ended); an array's id means all its shards.",
+        widget=forms.TextInput(attrs={"placeholder": "after_ok:12"}),
+    )
     env = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2, "placeholder": "KEY=value, one per line"}),
@@ -107,6 +116,12 @@ class JobForm(forms.Form):
             key, value = line.split("=", 1)
             env[key.strip()] = value
         return env
+
+    def clean_dependencies(self) -> tuple[tuple[str, int], ...]:
+        try:
+            return dependencies_parse(self.cleaned_data.get("dependencies") or "")
+        except DomainError as exc:
+            raise forms.ValidationError(exc.message) from exc
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -135,6 +150,7 @@ class JobForm(forms.Form):
             elastic_max=data.get("elastic_max") if shape == "whole" else None,
             shard_count=data.get("shard_count") or 1,
             max_restarts=data.get("max_restarts") or 0,
+            dependencies=data.get("dependencies") or (),
             env=data.get("env") or {},
             source=Job.Source.FORM,
             pool=data.get("pool"),

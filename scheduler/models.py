@@ -350,6 +350,11 @@ class Job(models.Model):
     )
     shard_index = models.PositiveIntegerField(null=True, blank=True)
     shard_count = models.PositiveIntegerField(null=True, blank=True)
+    waiting_on_dependencies = models.BooleanField(
+        default=False,
+        help_text="Queued behind jobs it depends on: not planned until they are done "
+        "(JobDependency).",
+    )
 
     # Where it stands
     attempt = models.PositiveIntegerField(default=0, help_text="Increments at every placement.")
@@ -405,6 +410,33 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+class DependencyKind(models.TextChoices):
+    """Slurm's --dependency types the portal speaks (afterok, afterany)."""
+
+    AFTER_OK = "after_ok", "after it succeeds"
+    AFTER_ANY = "after_any", "after it ends"
+
+
+class JobDependency(models.Model):
+    """`job` may start only once `on` is done (succeeded for after_ok, ended for after_any).
+
+    `whole_array`: `on` is an array's first job and the dependency is on every shard of it, as
+    Slurm's dependency on an array job id is."""
+
+    job = models.ForeignKey("Job", on_delete=models.CASCADE, related_name="dependencies")
+    on = models.ForeignKey("Job", on_delete=models.CASCADE, related_name="dependents")
+    kind = models.CharField(max_length=16, choices=DependencyKind.choices)
+    whole_array = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "on"], name="job_dependency_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind} {self.on_id}"
 
 
 class JobEvent(models.Model):

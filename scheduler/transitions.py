@@ -34,7 +34,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.PREEMPTING: frozenset({S.QUEUED, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.LOST}),
     S.LOST: frozenset({S.QUEUED, S.FAILED, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
-    S.FAILED: frozenset(),
+    S.FAILED: frozenset({S.QUEUED}),  # an array's failed shard retried (array_retry_failed)
     S.CANCELLED: frozenset(),
     S.REJECTED: frozenset(),
 }

@@ -10,14 +10,16 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.errors import DomainError
+from portal.errors import NotFound as DomainNotFound
 from portal.forms import errors_in_words
-from portal.htmx import render_partial_or_page, wants_partial
+from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
 from portal.models import Role, User
 from portal.params import whole_number
 from portal.ratelimit import scope_allows
-from portal.selectors import project_get_visible, project_list_visible_to
+from portal.selectors import project_get_visible, project_list_visible_to, project_role_of
 from scheduler import quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
+from scheduler.dependencies import array_retry_failed, array_view, is_array_root
 from scheduler.estimates import job_dry_run, model_availability
 from scheduler.forms import DecisionForm, JobForm, OwnerLimitsForm, QuotaRequestForm
 from scheduler.manifests import job_manifest_yaml
@@ -93,7 +95,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
                 remote_addr=request.META.get("REMOTE_ADDR"),
             )
         except DomainError as exc:
-            form.add_error(None, exc.message)
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         else:
             job = jobs[0]
             if job.state == JobState.REJECTED:
@@ -208,6 +210,52 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("job-detail", job_id=job.pk)
+
+
+def _array_root(request: HttpRequest, job_id: int):  # type: ignore[no-untyped-def]
+    """The array a visible job belongs to (its first job), or a 404 for a plain job."""
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    if job.array_parent_id is not None:
+        return job.array_parent
+    if not is_array_root(job):
+        raise DomainNotFound(f"Job {job.pk} is not part of an array.")
+    return job
+
+
+@login_required
+def job_array(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One page for an array: shards by state, progress, each shard's log, retry failed."""
+    root = _array_root(request, job_id)
+    view = array_view(root)
+    role = project_role_of(user=_user(request), project=root.project)
+    context = {
+        "root": root,
+        "view": view,
+        "can_retry": role in (Role.OWNER, Role.MEMBER) and view.failed > 0,
+        "all_ended": view.done == view.total,
+    }
+    return render_partial_or_page(
+        request,
+        page="scheduler/job_array.html",
+        partial="scheduler/partials/_array_status.html",
+        context=context,
+        status=HTMX_STOP_POLLING if context["all_ended"] and wants_partial(request) else 200,
+    )
+
+
+@login_required
+@require_POST
+def job_array_retry(request: HttpRequest, job_id: int) -> HttpResponse:
+    root = _array_root(request, job_id)
+    try:
+        jobs = array_retry_failed(
+            actor=_user(request), root=root, remote_addr=request.META.get("REMOTE_ADDR")
+        )
+        shards = ", ".join(str(j.shard_index) for j in jobs)
+        messages.success(request, f"Queued {len(jobs)} failed shard(s) again: {shards}.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("job-array", job_id=root.pk)
 
 
 # ---- quota requests and owners' own limits (scheduler/quota_requests.py) ----------------------

@@ -94,6 +94,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "hourly_cost": job_hourly_cost(job),
         # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
         "never_ran": job.is_terminal and not job.allocations.exists(),
+        "dependencies": list(job.dependencies.order_by("pk")) if not wants_partial(request) else [],
     }
     return render_partial_or_page(
         request,

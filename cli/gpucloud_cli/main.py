@@ -48,6 +48,29 @@ def _env_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
+_DEPENDENCY_TYPES = {
+    "afterok": "after_ok",
+    "after_ok": "after_ok",
+    "afterany": "after_any",
+    "after_any": "after_any",
+}
+
+
+def _dependency(text: str) -> list[dict[str, Any]]:
+    """Slurm's --dependency syntax: afterok:12:13,afterany:14 (after_ok/after_any too)."""
+    out: list[dict[str, Any]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, ids = item.partition(":")
+        kind = _DEPENDENCY_TYPES.get(kind.lower(), "")
+        numbers = ids.split(":") if ids else []
+        if not kind or not numbers or not all(n.isdigit() and int(n) > 0 for n in numbers):
+            raise argparse.ArgumentTypeError(
+                f"expected e.g. afterok:12 or afterany:12:13, got {item!r}"
+            )
+        out += [{"type": kind, "job": int(n)} for n in numbers]
+    return out
+
+
 # (flag, API field, argparse options) for the job fields submit and dry-run share.
 JOB_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--project", "project", {"help": "project slug"}),
@@ -83,6 +106,17 @@ JOB_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--elastic-min", "elastic_min", {"type": int}),
     ("--elastic-max", "elastic_max", {"type": int}),
     ("--shard-count", "shard_count", {"type": int, "help": "array job: this many shards"}),
+    (
+        "--dependency",
+        "dependencies",
+        {
+            "action": "append",
+            "type": _dependency,
+            "metavar": "afterok:ID[:ID…]",
+            "help": "start after these jobs, as Slurm's -d (afterok, afterany; repeat or comma-"
+            "separate); an array's id means all its shards",
+        },
+    ),
 ]
 
 
@@ -92,7 +126,11 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
     for flag, field, _ in JOB_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
-            body[field] = dict(value) if field == "env" else value
+            if field == "env":
+                value = dict(value)
+            elif field == "dependencies":
+                value = [d for given in value for d in given]
+            body[field] = value
     if args.argv:
         if "command" in body:
             raise ApiError(

@@ -30,15 +30,31 @@ from portal.api.schema import (
     StrictLimitOffsetPagination,
 )
 from portal.api.serializers import PrototypeFieldsMixin, StrictSerializer
+from portal.errors import NotFound
 from portal.models import Project, User
 from portal.params import whole_number
 from portal.ratelimit import FixedWindowScopedThrottle, scope_allows
 from portal.selectors import project_get_visible
 from scheduler import selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
+from scheduler.dependencies import (
+    MAX_DEPENDENCIES,
+    array_retry_failed,
+    array_view,
+    is_array_root,
+)
 from scheduler.estimates import job_dry_run, job_hourly_cost
 from scheduler.manifests import ManifestRefused, job_manifest, parse_manifest
-from scheduler.models import PRECISIONS, GpuModel, Job, JobEvent, JobState, Pool, PriorityClass
+from scheduler.models import (
+    PRECISIONS,
+    DependencyKind,
+    GpuModel,
+    Job,
+    JobEvent,
+    JobState,
+    Pool,
+    PriorityClass,
+)
 
 PRIORITIES = [p.lower() for p in PriorityClass.names]
 _STATE = "|".join(JobState.values)
@@ -61,6 +77,17 @@ class CatalogModelField(serializers.SlugRelatedField):  # type: ignore[type-arg]
         if model is None:
             self.fail("does_not_exist", value=data.replace("\x00", "")[:100])
         return model
+
+
+class DependencySerializer(StrictSerializer):
+    type = serializers.ChoiceField(
+        choices=DependencyKind.values,
+        help_text="after_ok: once it succeeded; after_any: once it ended (Slurm's afterok, "
+        "afterany).",
+    )
+    job = serializers.IntegerField(
+        min_value=1, max_value=2**63 - 1, help_text="A job id; an array's id means all shards."
+    )
 
 
 class JobCreateSerializer(StrictSerializer):
@@ -116,6 +143,13 @@ class JobCreateSerializer(StrictSerializer):
         min_value=1, max_value=4096, required=False, allow_null=True
     )
     shard_count = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+    dependencies = serializers.ListField(
+        child=DependencySerializer(),
+        max_length=MAX_DEPENDENCIES,
+        default=list,
+        help_text="Start only after these jobs (Slurm's --dependency); one that can no longer "
+        "be met fails the job.",
+    )
     pool: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
         slug_field="name",
         queryset=Pool.objects.all(),
@@ -129,6 +163,7 @@ class JobCreateSerializer(StrictSerializer):
         project = d.pop("project")
         d["priority"] = PriorityClass[d["priority"].upper()].value
         d["precisions"] = tuple(d.get("precisions", ()))
+        d["dependencies"] = tuple((x["type"], x["job"]) for x in d.get("dependencies", ()))
         return project, JobSpec(**d, source=source)
 
 
@@ -265,13 +300,32 @@ class HourlyCostSerializer(serializers.Serializer):  # type: ignore[type-arg]
     )
 
 
+class JobDependencyOutSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    type = serializers.CharField(source="kind")
+    job = serializers.IntegerField(source="on_id")
+    whole_array = serializers.BooleanField(help_text="The job is an array: all its shards.")
+
+
 class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(read_only=True)
     placement = serializers.SerializerMethodField()
     cost = serializers.SerializerMethodField()
+    dependencies = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "env", "working_dir", "placement", "cost"]
+        fields = [
+            *JobSerializer.Meta.fields,
+            "env",
+            "working_dir",
+            "placement",
+            "cost",
+            "dependencies",
+            "waiting_on_dependencies",
+        ]
+
+    @extend_schema_field(JobDependencyOutSerializer(many=True))
+    def get_dependencies(self, obj: Job) -> list[dict[str, object]]:
+        return list(JobDependencyOutSerializer(obj.dependencies.order_by("pk"), many=True).data)
 
     @extend_schema_field(PlacementSerializer(many=True))
     def get_placement(self, obj: Job) -> list[dict[str, object]]:
@@ -293,6 +347,33 @@ class JobEventSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     class Meta:
         model = JobEvent
         fields = ["created_at", "from_state", "to_state", "actor_label", "reason"]
+
+
+class ArrayShardSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "shard_index",
+            "state",
+            "attempt",
+            "restarts",
+            "exit_code",
+            "failure_reason",
+            "started_at",
+            "finished_at",
+        ]
+
+
+class ArraySerializer(serializers.Serializer):  # type: ignore[type-arg]
+    array = serializers.IntegerField(source="root.pk", help_text="The array's id (shard 0's).")
+    name = serializers.CharField(source="root.name")
+    total = serializers.IntegerField()
+    done = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    by_state = serializers.DictField(child=serializers.IntegerField())
+    shards = ArrayShardSerializer(many=True)
 
 
 class DryRunSerializer(serializers.Serializer):  # type: ignore[type-arg]
@@ -544,6 +625,29 @@ class JobViewSet(
             actor=self._user, job=self.get_object(), remote_addr=request.META.get("REMOTE_ADDR")
         )
         return Response(JobSerializer(job).data)
+
+    def _array_root(self) -> Job:
+        job = self.get_object()
+        if job.array_parent_id is not None:
+            return job.array_parent  # type: ignore[return-value]
+        if not is_array_root(job):
+            raise NotFound(f"Job {job.pk} is not part of an array.")
+        return job
+
+    @extend_schema(responses={200: ArraySerializer})
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def array(self, request: Request, pk: str) -> Response:
+        """The array this job belongs to: every shard and the counts by state."""
+        return Response(ArraySerializer(array_view(self._array_root())).data)
+
+    @extend_schema(request=None, responses={200: JobSerializer(many=True)})
+    @action(detail=True, methods=["post"], url_path="retry-failed")
+    def retry_failed(self, request: Request, pk: str) -> Response:
+        """Queue the array's failed shards again (only those); 409 when none failed."""
+        jobs = array_retry_failed(
+            actor=self._user, root=self._array_root(), remote_addr=request.META.get("REMOTE_ADDR")
+        )
+        return Response(JobSerializer(jobs, many=True).data)
 
     @extend_schema(responses={200: JobEventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not a page

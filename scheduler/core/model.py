@@ -46,6 +46,18 @@ def gpu_demand_milli(
     return gpus_requested(gpus, nodes, gpus_per_node) * gpu_milli
 
 
+def planned_runtime_s(estimate_s: int | None, time_limit_s: int | None) -> int | None:
+    """How long the planner assumes a job runs: its estimate, never past its time limit (the
+    runtime stops it there), or the limit alone when it gave no estimate. None: unknown.
+
+    The ETA, shortest-job-first and backfill all read this one figure."""
+    if time_limit_s is None:
+        return estimate_s
+    if estimate_s is None:
+        return time_limit_s
+    return min(estimate_s, time_limit_s)
+
+
 def gpu_capacity_milli(sharing: str, oversubscription: int) -> int:
     """What a device holds in milli-GPU: 1000 when exclusive, 1000 × the factor when shared."""
     return MILLI if sharing == "exclusive" else MILLI * oversubscription

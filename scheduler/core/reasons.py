@@ -17,6 +17,7 @@ class PendingReason(enum.StrEnum):
     WAITING_IN_QUEUE = "waiting_in_queue"
     PREEMPTING = "preempting"
     INVALID_REQUEST = "invalid_request"
+    DEPENDENCY = "dependency"
 
     @property
     def label(self) -> str:
@@ -63,6 +64,7 @@ _LABELS = {
     PendingReason.WAITING_IN_QUEUE: "Waiting in queue",
     PendingReason.PREEMPTING: "Preempting",
     PendingReason.INVALID_REQUEST: "Invalid request",
+    PendingReason.DEPENDENCY: "Waiting for a dependency",
 }
 
 _HEADLINES = {
@@ -78,6 +80,7 @@ _HEADLINES = {
     PendingReason.WAITING_IN_QUEUE: "Waiting for {what} behind earlier jobs: {detail}",
     PendingReason.PREEMPTING: "Starting soon: {detail}",
     PendingReason.INVALID_REQUEST: "This request cannot be scheduled: {detail}",
+    PendingReason.DEPENDENCY: "{detail}",
 }
 
 

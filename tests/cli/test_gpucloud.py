@@ -296,3 +296,30 @@ def test_a_lost_answer_is_retried_with_the_same_key_and_runs_once(cli, live_serv
     assert _LossyGateway.lost == 1
     assert len(_LossyGateway.keys) == 2 and len(set(_LossyGateway.keys)) == 1
     assert [j.pk for j in Job.objects.all()] == [job["id"]]  # type: ignore[index]
+
+
+def test_submit_with_dependencies_in_slurms_syntax(logged_in):
+    shards = logged_in.json(
+        "submit",
+        "--project",
+        "alpha",
+        "--name",
+        "render",
+        "--shard-count",
+        "2",
+        "--command",
+        "true",
+    )
+    root = shards[0]["id"]  # type: ignore[index]
+    single = logged_in.json("submit", "--project", "alpha", "--name", "x", "--command", "true")
+    merge = logged_in.json(
+        "submit", "--project", "alpha", "--name", "merge", "--command", "true",
+        "--dependency", f"afterok:{root}", "--dependency", f"afterany:{single['id']}",  # type: ignore[index]
+    )  # fmt: skip
+    job = Job.objects.get(pk=merge["id"])  # type: ignore[index]
+    deps = sorted(job.dependencies.values_list("kind", "on_id", "whole_array"))
+    assert deps == [("after_any", single["id"], False), ("after_ok", root, True)]  # type: ignore[index]
+    assert job.waiting_on_dependencies
+    bad = logged_in("submit", "--project", "alpha", "--name", "m", "--command", "true",
+                    "--dependency", "afterok=3")  # fmt: skip
+    assert bad.returncode == 2 and "expected e.g. afterok:12" in bad.stderr

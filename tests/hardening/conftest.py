@@ -35,6 +35,13 @@ def world(team, fleet, make_user):
     job = job_submit(actor=team["member"], project=a, spec=JobSpec(name="matrix", command="true"))[
         0
     ]
+    # An array of two shards, the second failed: its page and "retry failed shards".
+    array = job_submit(
+        actor=team["member"],
+        project=a,
+        spec=JobSpec(name="matrix-array", command="true", shard_count=2),
+    )[0]
+    Job.objects.filter(array_parent=array).update(state=JobState.FAILED)
     other_job = job_submit(
         actor=team["outsider"], project=b, spec=JobSpec(name="theirs", command="true")
     )[0]
@@ -100,6 +107,7 @@ def world(team, fleet, make_user):
         "staff": staff,
         "spare": spare,
         "job": job,
+        "array": array,
         "other_job": other_job,
         "invoice": invoice,
         "line": line,

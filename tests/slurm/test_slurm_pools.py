@@ -371,3 +371,62 @@ def test_submission_slurm_refuses_fails_with_slurms_words(slurm_pool, team, api)
     assert job.state == S.FAILED
     assert job.failure_reason.startswith("Slurm refused the job: Slurm pools take whole GPUs")
     assert os.path.isdir(os.environ["PORTAL_TEST_SLURM_SHARED"])
+
+
+def test_an_array_with_a_dependent_merge_uses_slurms_own_dependency(
+    slurm_pool, team, api, wait_for
+):
+    tag = f"r{time.monotonic_ns()}"
+    first = submit(
+        api,
+        team["member"],
+        name="render",
+        shard_count=3,
+        command=f"sleep 2; echo frame-$SHARD_INDEX > {tag}-$SHARD_INDEX.part",
+    )
+    merge = submit(
+        api,
+        team["member"],
+        name="merge",
+        command=f"cat {tag}-0.part {tag}-1.part {tag}-2.part",
+        dependencies=[{"type": "after_ok", "job": first.pk}],
+    )
+    array_id = handed_over(first).slurm_job_id.split("_")[0]
+    link = handed_over(merge)  # the array is in Slurm now: the merge goes with its dependency
+    sbatch = JobEvent.objects.get(job=merge, data__slurm_job_id=link.slurm_job_id)
+    assert f"--dependency=afterok:{array_id}" in sbatch.data["sbatch"]
+    assert f"afterok:{array_id}_*" in slurm("scontrol", "show", "job", link.slurm_job_id)
+    merge = wait_for(merge, lambda j: "Dependency" in j.pending_message)
+    assert merge.state == S.QUEUED
+    assert merge.pending_message.startswith("waiting: Dependency — waiting for the jobs it")
+    # Slurm itself starts it once every task succeeded
+    merge = wait_for(merge, lambda j: j.state == S.SUCCEEDED, timeout=60)
+    assert Path(link.output_path).read_text().split() == ["frame-0", "frame-1", "frame-2"]
+
+
+def test_a_failed_shard_fails_the_slurm_merge_and_scancels_it(slurm_pool, team, api, wait_for):
+    first = submit(api, team["member"], name="render", shard_count=2, command='exit "$SHARD_INDEX"')
+    merge = submit(
+        api,
+        team["member"],
+        name="merge",
+        command="echo merged",
+        dependencies=[{"type": "after_ok", "job": first.pk}],
+    )
+    handed_over(first)
+    link = handed_over(merge)
+
+    def failed(job: Job) -> bool:
+        run_cycle()
+        job.refresh_from_db()
+        return job.state == S.FAILED
+
+    merge = wait_for(merge, failed, timeout=60)
+    shard = Job.objects.get(array_parent=first, shard_index=1)
+    assert merge.failure_reason == (
+        f"dependency can no longer be met: array {first.pk}: shard 1 (job {shard.pk}) failed"
+    )
+    deadline = time.monotonic() + 20  # scancel'ed: Slurm no longer holds it
+    while squeue_field(link.slurm_job_id, "%T") and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert squeue_field(link.slurm_job_id, "%T") == ""

@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from scheduler.backends.slurm.client import SlurmError, cluster_for
 from scheduler.backends.slurm.models import SlurmJob, SlurmPool
-from scheduler.models import Job, JobEvent, JobState, Pool
+from scheduler.dependencies import judge, states_of, targets_of
+from scheduler.models import DependencyKind, Job, JobEvent, JobState, Pool
 from scheduler.transitions import job_transition
 
 ACTOR = "slurm"
@@ -50,8 +51,11 @@ def qos_for(cfg: SlurmPool, job: Job) -> str:
     return str(cfg.qos_by_priority.get(str(job.priority), "normal"))
 
 
-def batch_job(cfg: SlurmPool, job: Job, *, shards: int = 1) -> BatchJob:
-    """The sbatch options for `job` (the first shard of an array of `shards`)."""
+def batch_job(
+    cfg: SlurmPool, job: Job, *, shards: int = 1, dependency: str | None = None
+) -> BatchJob:
+    """The sbatch options for `job` (the first shard of an array of `shards`); `dependency`:
+    Slurm's --dependency value (`scheduler.dependencies.slurm_dependency`)."""
     if job.gpu_milli != 1000:
         raise SlurmError("Slurm pools take whole GPUs (a GPU share cannot be asked of Slurm)")
     kind = gres_type(cfg, job)
@@ -77,6 +81,8 @@ def batch_job(cfg: SlurmPool, job: Job, *, shards: int = 1) -> BatchJob:
     if job.time_limit_s:
         minutes, seconds = divmod(job.time_limit_s, 60)
         args.append(f"--time={minutes}:{seconds:02d}")
+    if dependency:
+        args.append(f"--dependency={dependency}")
     out_dir = cfg.output_dir.rstrip("/")
     if shards > 1:
         args.append(f"--array=0-{shards - 1}")
@@ -104,6 +110,37 @@ def _groups(jobs: list[Job]) -> list[list[Job]]:
     return [sorted(g, key=lambda j: j.shard_index or 0) for g in by_root.values()]
 
 
+def slurm_dependency(job: Job, slurm_ids: dict[int, str]) -> str | None:
+    """Slurm's ``--dependency`` value for a job of a Slurm pool, or None while it cannot be
+    handed over yet (a job it waits on is not in Slurm, or runs elsewhere and is not done).
+
+    `slurm_ids`: the Slurm id of each of our jobs already in the same cluster. Dependencies met
+    already are left out; an array is named by its Slurm array job id (all its tasks)."""
+    targets = targets_of([job.pk]).get(job.pk, [])
+    covered = states_of(targets)
+    parts: list[str] = []
+    for t in targets:
+        if judge(t, covered.get(t.on, [])).met:
+            continue
+        sid = slurm_ids.get(t.on)
+        if sid is None:
+            return None
+        if t.whole_array:
+            sid = sid.split("_", 1)[0]
+        slurm_kind = "afterok" if t.kind == DependencyKind.AFTER_OK else "afterany"
+        parts.append(f"{slurm_kind}:{sid}")
+    return ",".join(parts)
+
+
+def _slurm_ids(job: Job, cfg: SlurmPool) -> dict[int, str]:
+    """The Slurm ids, in this pool, of the jobs `job` depends on."""
+    return dict(
+        SlurmJob.objects.filter(
+            pool_id=cfg.pool_id, job_id__in=job.dependencies.values("on_id")
+        ).values_list("job_id", "slurm_job_id")
+    )
+
+
 def submit_queued(*, limit: int = 500, parallel: int = 8) -> int:
     """The cycle's hand-off: every queued job of a Slurm pool that Slurm has not got yet becomes
     a batch job (an array's shards one array job). Returns how many of our jobs went.
@@ -128,9 +165,16 @@ def submit_queued(*, limit: int = 500, parallel: int = 8) -> int:
             shards = first.shard_count or 1
             if shards > 1 and len(group) != shards:
                 continue  # part of the array is not here (locked elsewhere): next pass
+            dependency = None
+            if first.waiting_on_dependencies:
+                dependency = slurm_dependency(first, _slurm_ids(first, cfg))
+                if dependency is None:
+                    continue  # it waits on work Slurm has not got: the portal holds it
             try:
                 ensure_account(cfg, first.project)
-                ready.append((group, cfg, batch_job(cfg, first, shards=shards)))
+                ready.append(
+                    (group, cfg, batch_job(cfg, first, shards=shards, dependency=dependency))
+                )
             except SlurmError as exc:
                 refused.append((group, str(exc)))
 
