@@ -185,3 +185,22 @@ def test_line_record_counts_count_the_records_behind_each_line(lab, place):
     records = UsageRecord.objects.filter(invoice=march)
     assert covered.record_count == records.filter(covered_milli_seconds__gt=0).count() == 15
     assert usage.record_count == selectors.line_records(line=usage).count() == 5
+
+
+def test_an_invoiced_adjustment_is_read_only_in_the_admin(lab, place, client, make_user):
+    account = services.account_open_for_project(project=lab["a"])
+    adjustment = Adjustment.objects.create(
+        account=account, amount=Decimal("-1.50"), description="Goodwill"
+    )
+    staff = make_user(staff=True)
+    staff.is_superuser = True
+    staff.save()
+    client.force_login(staff)
+    url = f"/admin/billing/adjustment/{adjustment.pk}/change/"
+    assert 'name="_save"' in client.get(url).content.decode()  # not invoiced yet: editable
+    place(start=at("2025-03-10 00:00"), end=at("2025-03-10 02:00"))
+    close(lab["a"])
+    assert 'name="_save"' not in client.get(url).content.decode()
+    form = {"account": account.pk, "amount": "-100.00", "description": "Goodwill"}
+    assert client.post(url, form).status_code == 403
+    assert Adjustment.objects.get(pk=adjustment.pk).amount == Decimal("-1.50")
