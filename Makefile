@@ -10,11 +10,12 @@ PORT   ?= 8000
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt cli/pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-focus.txt cli/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --no-deps -r requirements-focus.txt
 	@touch $@
 
 venv: $(VENV)/.installed ## Create the virtualenv with every dependency

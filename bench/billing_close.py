@@ -260,7 +260,9 @@ def main() -> int:
     if connection.vendor != "postgresql":
         print("The billing benchmark needs PostgreSQL (set DATABASE_URL).", file=sys.stderr)
         return 2
-    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = "bench_billing"
+    # its own database, named after the configured one, so parallel runs do not collide
+    name = f"{settings.DATABASES['default']['NAME']}_bench_billing"
+    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = name
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     try:
         timings = build(args.accounts, args.jobs_per_account, args.hours)

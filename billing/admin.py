@@ -161,10 +161,22 @@ class CreditGrantAdmin(AuditedAdmin):
 
 @admin.register(Adjustment)
 class AdjustmentAdmin(AuditedAdmin):
-    list_display = ["account", "amount", "description", "created_at", "invoice"]
+    list_display = ["account", "amount", "description", "created_at", "invoice", "source_invoice"]
     search_fields = ["account__name", "description"]
     autocomplete_fields = ["account"]
+    raw_id_fields = ["source_invoice", "source_allocation"]  # what a late correction corrects
     readonly_fields = ["invoice"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # once on an issued invoice an adjustment is part of it: correct it with another one
+        if obj is not None and obj.invoice_id is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.invoice_id is not None:
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 @admin.register(Budget)

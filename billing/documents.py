@@ -19,8 +19,9 @@ FAULT_POLICY = (
 )
 ROUNDING = (
     "Usage is metered per second × milli-GPU and priced to 1/1,000,000 USD; each line is the "
-    "sum of its usage records rounded half-up to the cent; tax is rounded half-up to the cent; "
-    "the total is the sum of the lines."
+    "sum of its usage records rounded half-up to the cent; a fault credit line is the sum of the "
+    "credited records of the usage line it offsets, rounded the same way, so fully credited usage "
+    "nets to 0.00; tax is rounded half-up to the cent; the total is the sum of the lines."
 )
 
 
@@ -29,7 +30,7 @@ def invoice_context(invoice: Invoice) -> dict[str, Any]:
     jobs = selectors.invoice_job_summary(invoice=invoice)
     for row in jobs:
         row["gpu_hours"] = pricing.gpu_hours(int(row["ms"] or 0))  # type: ignore[call-overload]
-        row["amount"] = pricing.to_cents(row["cost"])  # type: ignore[arg-type]
+        row["amount"] = pricing.to_cents(row["cost"] or pricing.ZERO)  # type: ignore[arg-type]
     due = (invoice.issued_at or invoice.created_at) + timedelta(
         days=settings.BILLING_INVOICE_DUE_DAYS
     )

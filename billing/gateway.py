@@ -70,6 +70,7 @@ def invoice_create(
             "collection_method": "charge_automatically",
             "auto_advance": True,
             "pending_invoice_items_behavior": "exclude",
+            "number": number,  # our sequence's number, so both documents carry the same
             "metadata": {"ledger_invoice_id": str(ledger_invoice_id), "number": number},
         },
         options={"idempotency_key": idempotency_key},

@@ -98,6 +98,11 @@ class BillingAccount(models.Model):
     email = models.EmailField(blank=True, help_text="Extra invoice recipient besides owners.")
     currency = models.CharField(max_length=3, default="usd")
     tax_rate = _fraction_field("0", "Tax as a fraction (0.19 = 19 %); 0 for none.")
+    legal_name = models.CharField(
+        max_length=200, blank=True, help_text="The buyer's legal name on invoices (default: name)."
+    )
+    legal_address = models.TextField(max_length=500, blank=True)
+    tax_id = models.CharField(max_length=50, blank=True, help_text="The buyer's VAT or tax id.")
     stripe_customer_id = models.CharField(max_length=64, blank=True)
     payment_failed_at = models.DateTimeField(
         null=True, blank=True, help_text="Oldest unpaid failed payment; new jobs stop after grace."
@@ -263,9 +268,33 @@ class Adjustment(models.Model):
     invoice = models.ForeignKey(
         "Invoice", null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments"
     )
+    source_invoice = models.ForeignKey(
+        "Invoice",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="corrections",
+        help_text="The issued invoice this corrects or carries a credit balance from.",
+    )
+    source_allocation = models.ForeignKey(
+        "scheduler.Allocation",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The allocation whose invoiced usage this corrects (a late fault credit).",
+    )
 
     class Meta:
         ordering = ["created_at", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source_allocation", "source_invoice"],
+                condition=models.Q(source_allocation__isnull=False),
+                name="adjustment_one_correction_per_invoice",
+                violation_error_message="This allocation's usage on that invoice is already corrected.",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.amount} {self.description}"
@@ -356,19 +385,27 @@ class AllocationMeter(models.Model):
 
 
 class Invoice(models.Model):
-    """One per account and month. Issued at the monthly close; totals are the sum of lines."""
+    """One per account and month. Issued at the monthly close; totals are the sum of lines.
+    Once issued, an invoice and its lines and records never change (a PostgreSQL trigger
+    refuses it); late facts go on a later invoice as adjustments pointing here."""
 
     class Status(models.TextChoices):
         DRAFT = "draft", "Draft"
         OPEN = "open", "Open"
         PAID = "paid", "Paid"
         PAYMENT_FAILED = "payment_failed", "Payment failed"
+        UNCOLLECTIBLE = "uncollectible", "Uncollectible"
         VOID = "void", "Void"
+        NOTHING = "nothing", "Nothing to bill"
 
     account = models.ForeignKey(BillingAccount, on_delete=models.PROTECT, related_name="invoices")
     period_start = models.DateField()
     period_end = models.DateField(help_text="First day after the period.")
-    number = models.CharField(max_length=32, unique=True)
+    number = models.CharField(
+        max_length=32, unique=True, help_text="A placeholder until issued; then the issuer's next."
+    )
+    seller = models.JSONField(default=dict, blank=True, help_text="Issuer details at issue.")
+    buyer = models.JSONField(default=dict, blank=True, help_text="Buyer details at issue.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     currency = models.CharField(max_length=3, default="usd")
     subtotal = models.DecimalField(max_digits=14, decimal_places=2, default=ZERO)
@@ -401,6 +438,20 @@ class Invoice(models.Model):
         return self.number
 
 
+UNISSUED_STATUSES = (Invoice.Status.DRAFT, Invoice.Status.NOTHING)
+
+
+class InvoiceSequence(models.Model):
+    """The issuer's invoice numbers: one sequence without gaps, taken in the issuing
+    transaction (a rolled-back close gives its number back)."""
+
+    issuer = models.CharField(max_length=32, unique=True)
+    last = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.issuer} at {self.last}"
+
+
 class InvoiceLine(models.Model):
     """One line: a reserved fee, covered or overage usage of one model at one rate, a credit,
     an adjustment or tax. Usage lines name the key that finds their records."""
@@ -415,6 +466,7 @@ class InvoiceLine(models.Model):
         ADJUSTMENT = "adjustment", "Adjustment"
         CREDITS = "credits", "Prepaid credits"
         TAX = "tax", "Tax"
+        CARRIED = "carried", "Credit balance carried forward"
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     position = models.PositiveIntegerField()
@@ -432,6 +484,9 @@ class InvoiceLine(models.Model):
         ReservedPlan, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     record_count = models.PositiveIntegerField(default=0)
+    adjustment = models.ForeignKey(
+        Adjustment, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     stripe_item_id = models.CharField(max_length=64, blank=True)
 
     class Meta:

@@ -9,12 +9,13 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from billing import pricing
 from billing.models import (
+    UNISSUED_STATUSES,
     BillingAccount,
     Budget,
     Invoice,
@@ -480,7 +481,7 @@ def invoice_list_visible_to(*, user: User) -> QuerySet[Invoice]:
     projects = project_list_visible_to(user=user)
     return (
         Invoice.objects.filter(account__project_links__project__in=projects)
-        .exclude(status=Invoice.Status.DRAFT)
+        .exclude(status__in=UNISSUED_STATUSES)
         .select_related("account")
         .distinct()
         .order_by("-period_start", "pk")
@@ -490,9 +491,19 @@ def invoice_list_visible_to(*, user: User) -> QuerySet[Invoice]:
 def invoice_list_for_project(*, project: Project) -> QuerySet[Invoice]:
     return (
         Invoice.objects.filter(account__project_links__project=project)
-        .exclude(status=Invoice.Status.DRAFT)
+        .exclude(status__in=UNISSUED_STATUSES)
         .select_related("account")
         .order_by("-period_start", "pk")
+    )
+
+
+def invoice_of_month(*, project: Project, period_start: date) -> Invoice | None:
+    """The invoice (or open draft) of the project's account for a month, if any."""
+    return (
+        Invoice.objects.filter(account__project_links__project=project, period_start=period_start)
+        .exclude(status=Invoice.Status.NOTHING)
+        .select_related("account")
+        .first()
     )
 
 
@@ -513,10 +524,17 @@ def line_records(*, line: InvoiceLine) -> QuerySet[UsageRecord]:
             covered_milli_seconds__gt=0,
             period_start=line.invoice.period_start,
         )
-    if line.kind == kind.FAULT_CREDIT:
-        return qs.filter(gpu_model_id=line.gpu_model_id, fault_credit=True)
-    if line.kind in (kind.USAGE, kind.PREEMPTIBLE, kind.LATE_USAGE) and line.unit_price is not None:
+    if line.kind == kind.FAULT_CREDIT and line.unit_price is not None:
         return qs.filter(
+            gpu_model_id=line.gpu_model_id,
+            tier=line.tier,
+            rate=line.unit_price,
+            period_start=line.usage_period_start or line.invoice.period_start,
+            fault_credit=True,
+            amount__gt=0,
+        )
+    if line.kind in (kind.USAGE, kind.PREEMPTIBLE, kind.LATE_USAGE) and line.unit_price is not None:
+        return qs.filter(milli_seconds__gt=F("covered_milli_seconds")).filter(
             gpu_model_id=line.gpu_model_id,
             tier=line.tier,
             rate=line.unit_price,
@@ -526,7 +544,8 @@ def line_records(*, line: InvoiceLine) -> QuerySet[UsageRecord]:
 
 
 def invoice_job_summary(*, invoice: Invoice) -> list[dict[str, object]]:
-    """Per job: GPU-hours and billable amount on the invoice (traceability)."""
+    """Per job: GPU-hours and billable amount on the invoice (traceability). Billable
+    excludes what fault credits gave back (the invoice's credit lines offset exactly that)."""
     rows: list[dict[str, object]] = [
         dict(row)
         for row in UsageRecord.objects.filter(invoice=invoice)

@@ -63,6 +63,17 @@ def push_invoice_to_stripe(invoice_id: int) -> str:
     return services.invoice_push_to_stripe(invoice_id=invoice_id)
 
 
+@shared_task(name="billing.resend_invoices")  # type: ignore[untyped-decorator]
+def resend_invoices() -> dict[str, int]:
+    """Beat: invoices whose mail or Stripe push has not gone out are enqueued again."""
+    due = services.invoices_to_resend()
+    for invoice_id in due["email"]:
+        send_invoice_email.delay(invoice_id)
+    for invoice_id in due["stripe"]:
+        push_invoice_to_stripe.delay(invoice_id)
+    return {kind: len(ids) for kind, ids in due.items()}
+
+
 @shared_task(name="billing.slurm_meter", ignore_result=True)
 def slurm_meter() -> dict[str, int]:
     """sacct of every Slurm pool → the ledger (every few minutes; re-reading is harmless)."""

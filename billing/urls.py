@@ -13,6 +13,7 @@ urlpatterns = [
     path("projects/<slug:slug>/focus.csv", views.usage_focus, name="usage-focus"),
     path("invoices/<int:invoice_id>/", views.invoice_detail, name="invoice"),
     path("invoices/<int:invoice_id>/pdf/", views.invoice_pdf, name="invoice-pdf"),
+    path("invoices/<int:invoice_id>/focus.csv", views.invoice_focus, name="invoice-focus"),
     path(
         "invoices/<int:invoice_id>/lines/<int:line_id>/",
         views.invoice_line,

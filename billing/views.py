@@ -3,7 +3,9 @@ and the Stripe webhook endpoint."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import date, timedelta
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -15,11 +17,11 @@ from django.views.decorators.http import require_POST
 
 from billing import exports, gateway, pricing, selectors, services
 from billing.forms import BudgetForm
-from billing.models import InvoiceLine
+from billing.models import Invoice, InvoiceLine, UsageRecord
 from portal.errors import DomainError, NotFound, PermissionDenied
 from portal.forms import errors_in_words
 from portal.htmx import render_partial_or_page
-from portal.models import Role, User
+from portal.models import Project, Role, User
 from portal.selectors import project_get_visible, project_role_of
 
 
@@ -139,9 +141,7 @@ def _export(request: HttpRequest, slug: str, kind: str) -> StreamingHttpResponse
         chunk_size=2000
     )
     if kind == "focus":
-        lines = exports.csv_lines(
-            exports.FOCUS_COLUMNS, exports.focus_rows(records, period_start=period)
-        )
+        lines = exports.csv_lines(exports.FOCUS_COLUMNS, _focus_rows(project, period, records))
     else:
         lines = exports.csv_lines(exports.CSV_COLUMNS, exports.usage_csv_rows(records))
     response = StreamingHttpResponse(lines, content_type="text/csv")
@@ -149,6 +149,30 @@ def _export(request: HttpRequest, slug: str, kind: str) -> StreamingHttpResponse
     response["Content-Disposition"] = (
         f'attachment; filename="{project.slug}-{period:%Y-%m}-{suffix}.csv"'
     )
+    return response
+
+
+def _focus_rows(
+    project: Project, period: date, records: Iterator[UsageRecord]
+) -> Iterator[list[Any]]:
+    """The month's FOCUS rows: its issued invoice's (which reconcile with it, account-wide as
+    the invoice is), or the project's usage so far on the open month's draft."""
+    invoice = selectors.invoice_of_month(project=project, period_start=period)
+    if invoice is None:
+        return iter(())
+    if invoice.status == Invoice.Status.DRAFT:
+        return exports.focus_rows_open_month(invoice, records)
+    return exports.focus_rows_for_invoice(invoice)
+
+
+@login_required
+def invoice_focus(request: HttpRequest, invoice_id: int) -> StreamingHttpResponse:
+    invoice = selectors.invoice_get_visible(user=_user(request), invoice_id=invoice_id)
+    response = StreamingHttpResponse(
+        exports.csv_lines(exports.FOCUS_COLUMNS, exports.focus_rows_for_invoice(invoice)),
+        content_type="text/csv",
+    )
+    response["Content-Disposition"] = f'attachment; filename="{invoice.number}-focus.csv"'
     return response
 
 

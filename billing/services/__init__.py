@@ -10,7 +10,8 @@ and audited.
 - `invoices`: closing a month, step by step
 - `budgets`: budgets and their alerts
 - `notifications`: in-app notices and emails (the invoice mail included)
-- `stripe_sync`: invoices pushed to Stripe, its webhook events applied
+- `stripe_sync`: invoices pushed to Stripe, its webhook events applied, the resend sweep
+- `corrections`: late facts as adjustments pointing to the issued invoice they correct
 - `periods`: month periods
 """
 
@@ -28,7 +29,12 @@ from billing.services.budgets import (
 from billing.services.coverage import usage_apply_coverage
 from billing.services.credits import MAX_MONEY, credit_grant
 from billing.services.drafts import draft_invoice, invoice_number
-from billing.services.invoices import invoice_close, invoice_pdf, invoices_close_month
+from billing.services.invoices import (
+    invoice_close,
+    invoice_number_next,
+    invoice_pdf,
+    invoices_close_month,
+)
 from billing.services.metering import MeterResult, usage_meter
 from billing.services.notifications import (
     invoice_send_email,
@@ -49,6 +55,7 @@ from billing.services.stripe_sync import (
     PAID_EVENTS,
     VOID_EVENTS,
     invoice_push_to_stripe,
+    invoices_to_resend,
     stripe_event_apply,
 )
 
@@ -69,10 +76,12 @@ __all__ = [
     "draft_invoice",
     "invoice_close",
     "invoice_number",
+    "invoice_number_next",
     "invoice_pdf",
     "invoice_push_to_stripe",
     "invoice_send_email",
     "invoices_close_month",
+    "invoices_to_resend",
     "notification_create",
     "owner_emails",
     "period_bounds",

@@ -11,7 +11,9 @@ from billing.pricing import period_bounds
 
 
 def invoice_number(account_id: int, period_start: date) -> str:
-    return f"GPC-{period_start:%Y%m}-{account_id:06d}"
+    """A draft's placeholder number; the issuer's sequence numbers it when it is issued
+    (`billing.services.invoices`)."""
+    return f"DRAFT-{period_start:%Y%m}-{account_id:06d}"
 
 
 def draft_invoice(account_id: int, period_start: date) -> Invoice:

@@ -6,8 +6,9 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from billing import gateway, pricing
@@ -17,6 +18,7 @@ from billing.models import (
     CreditApplication,
     Invoice,
     InvoiceLine,
+    InvoiceSequence,
     ProjectBilling,
     ReservedPlan,
     Tier,
@@ -66,7 +68,10 @@ def invoice_close(
     Idempotent: an account's month is issued once (unique per account and month).
 
     The lines come in this order, one step each: reserved fees, covered usage, usage (pay as
-    you go, preemptible, late), fault credits, adjustments, credits drawn, tax."""
+    you go, preemptible, late), fault credits (one per usage line it offsets), adjustments,
+    credits drawn, tax (always, even at 0 %), and a negative balance carried forward. An
+    account with nothing to bill (no usage, fee, adjustment) gets no invoice: the month is
+    marked "nothing to bill", takes no number and is neither mailed nor sent to Stripe."""
     now = now or timezone.now()
     start, end = period_bounds(period_start)
     if now < end:
@@ -88,12 +93,29 @@ def invoice_close(
     lines = _Lines(invoice)
     charges = _add_reserved_fees(lines, account, start, end)
     _add_usage(lines, invoice, period_start)
-    _add_fault_credits(lines, invoice)
     charges += _add_adjustments(lines, account, invoice)
+    if not lines.rows:
+        return _nothing_to_bill(invoice, now=now)
     subtotal = lines.total
     credits = _draw_credits(lines, account, invoice, subtotal, charges)
     tax = _add_tax(lines, account, subtotal - credits)
+    _carry_negative_balance(lines, account, invoice, now=now)
     _issue(invoice, lines, subtotal=subtotal, credits=credits, tax=tax, now=now)
+    return invoice
+
+
+def _nothing_to_bill(invoice: Invoice, *, now: datetime) -> Invoice:
+    """An idle month: no invoice (no $0 mail, no number used); later usage of this month is
+    metered onto the next open month as late usage, as for an issued one."""
+    invoice.status = Invoice.Status.NOTHING
+    invoice.issued_at = now
+    invoice.save(update_fields=["status", "issued_at", "currency", "tax_rate"])
+    audit_record(
+        actor=None,
+        action="billing.invoice.nothing_to_bill",
+        target=invoice,
+        data={"account": invoice.account_id, "period": invoice.period_start.isoformat()},
+    )
     return invoice
 
 
@@ -130,7 +152,11 @@ def _add_reserved_fees(
 def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
     """The usage on the draft, grouped: first what reserved capacity covered (at no charge),
     then what is billed: pay-as-you-go, preemptible, and late usage (of an earlier month,
-    metered after that month closed)."""
+    metered after that month closed), then the fault credits. A fault credit line offsets one
+    usage line: same records grouping, same rounding (the sum of the credited records' amounts
+    rounded once to the cent), so fully credited usage nets to exactly 0.00."""
+    uncovered = Q(milli_seconds__gt=F("covered_milli_seconds"))
+    faulted = Q(fault_credit=True) & Q(amount__gt=0)
     groups = list(
         UsageRecord.objects.filter(invoice=invoice)
         .values("period_start", "gpu_model_id", "gpu_model__name", "tier", "rate")
@@ -138,7 +164,11 @@ def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
             ms=Sum("milli_seconds"),
             covered=Sum("covered_milli_seconds"),
             cost=Sum("amount"),
-            n=Count("id"),
+            n_covered=Count("id", filter=Q(covered_milli_seconds__gt=0)),
+            n_billed=Count("id", filter=uncovered),
+            fault_cost=Sum("amount", filter=faulted),
+            fault_ms=Sum(F("milli_seconds") - F("covered_milli_seconds"), filter=faulted),
+            n_fault=Count("id", filter=faulted),
         )
         .order_by("-period_start", "gpu_model__name", "tier", "rate")
     )
@@ -148,7 +178,7 @@ def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
             key = (g["gpu_model_id"], g["gpu_model__name"])
             acc = covered.setdefault(key, [0, 0])
             acc[0] += g["covered"]
-            acc[1] += g["n"]
+            acc[1] += g["n_covered"]
     for (model_id, name), (ms, n) in sorted(covered.items(), key=lambda kv: kv[0][1]):
         lines.add(
             InvoiceLine.Kind.COVERED,
@@ -158,9 +188,10 @@ def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
             gpu_hours=pricing.gpu_hours(ms),
             record_count=n,
         )
+    credits: list[tuple[Any, str]] = []
     for g in groups:
-        uncovered = g["ms"] - (g["covered"] or 0)
-        if uncovered <= 0:
+        billed_ms = g["ms"] - (g["covered"] or 0)
+        if billed_ms <= 0:
             continue
         kind, what = _usage_line_kind(
             g["gpu_model__name"],
@@ -176,9 +207,24 @@ def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
             gpu_model_id=g["gpu_model_id"],
             tier=g["tier"],
             usage_period_start=g["period_start"],
-            gpu_hours=pricing.gpu_hours(uncovered),
+            gpu_hours=pricing.gpu_hours(billed_ms),
             unit_price=g["rate"],
-            record_count=g["n"],
+            record_count=g["n_billed"],
+        )
+        if g["n_fault"]:
+            credits.append((g, what))
+    for g, what in credits:
+        lines.add(
+            InvoiceLine.Kind.FAULT_CREDIT,
+            f"Platform fault credit on {what[0].lower()}{what[1:]} (node lost, GPU fault, "
+            "preemption without checkpoint)",
+            -pricing.to_cents(g["fault_cost"]),
+            gpu_model_id=g["gpu_model_id"],
+            tier=g["tier"],
+            usage_period_start=g["period_start"],
+            gpu_hours=pricing.gpu_hours(g["fault_ms"]),
+            unit_price=g["rate"],
+            record_count=g["n_fault"],
         )
 
 
@@ -200,26 +246,6 @@ def _usage_line_kind(
     )
 
 
-def _add_fault_credits(lines: _Lines, invoice: Invoice) -> None:
-    """Time lost to platform faults is credited back, one line per GPU model."""
-    for f in (
-        UsageRecord.objects.filter(invoice=invoice, fault_credit=True)
-        .values("gpu_model_id", "gpu_model__name")
-        .annotate(cost=Sum("amount"), ms=Sum("milli_seconds"), n=Count("id"))
-        .order_by("gpu_model__name")
-    ):
-        if f["cost"]:
-            lines.add(
-                InvoiceLine.Kind.FAULT_CREDIT,
-                f"{f['gpu_model__name']}: time lost to platform faults is not billed "
-                "(node lost, GPU fault, preemption without checkpoint)",
-                -pricing.to_cents(f["cost"]),
-                gpu_model_id=f["gpu_model_id"],
-                gpu_hours=pricing.gpu_hours(f["ms"]),
-                record_count=f["n"],
-            )
-
-
 def _add_adjustments(
     lines: _Lines, account: BillingAccount, invoice: Invoice
 ) -> list[tuple[datetime, Decimal]]:
@@ -228,7 +254,7 @@ def _add_adjustments(
         Adjustment.objects.select_for_update().filter(account=account, invoice__isnull=True)
     )
     for adj in adjustments:
-        lines.add(InvoiceLine.Kind.ADJUSTMENT, adj.description, adj.amount)
+        lines.add(InvoiceLine.Kind.ADJUSTMENT, adj.description, adj.amount, adjustment=adj)
     Adjustment.objects.filter(pk__in=[a.pk for a in adjustments]).update(invoice=invoice)
     return [(adj.created_at, adj.amount) for adj in adjustments]
 
@@ -253,15 +279,40 @@ def _draw_credits(
 
 
 def _add_tax(lines: _Lines, account: BillingAccount, taxable: Decimal) -> Decimal:
+    """The tax line is always stated, at 0 % too."""
     tax = pricing.tax_on(taxable, account.tax_rate)
-    if account.tax_rate > 0:
-        lines.add(
-            InvoiceLine.Kind.TAX,
-            f"Tax at {account.tax_rate * 100:.2f} %",
-            tax,
-            unit_price=account.tax_rate,
-        )
+    lines.add(
+        InvoiceLine.Kind.TAX,
+        f"Tax at {account.tax_rate * 100:.2f} %",
+        tax,
+        unit_price=account.tax_rate,
+    )
     return tax
+
+
+def _carry_negative_balance(
+    lines: _Lines, account: BillingAccount, invoice: Invoice, *, now: datetime
+) -> None:
+    """A negative total is not charged back nor pushed to Stripe (where it would become a
+    balance the ledger never sees): a line brings the invoice to 0.00 and the balance goes
+    onto the next invoice as a credit adjustment pointing to this one."""
+    total = lines.total
+    if total >= 0:
+        return
+    lines.add(InvoiceLine.Kind.CARRIED, "Credit balance carried to the next invoice", -total)
+    adjustment = Adjustment.objects.create(
+        account=account,
+        amount=total,
+        description=f"Credit balance carried from invoice of {invoice.period_start:%B %Y}",
+        source_invoice=invoice,
+        created_at=now,
+    )
+    audit_record(
+        actor=None,
+        action="billing.adjustment.carry_credit",
+        target=adjustment,
+        data={"amount": str(total), "from_invoice": invoice.pk},
+    )
 
 
 def _issue(
@@ -276,11 +327,14 @@ def _issue(
     """Write the lines and the totals, open the invoice, and after commit mail it and push
     it to Stripe."""
     InvoiceLine.objects.bulk_create(lines.rows)
+    invoice.number = invoice_number_next()
+    invoice.seller, invoice.buyer = seller_details(), buyer_details(invoice.account)
     invoice.subtotal = subtotal
     invoice.credits_applied = credits
     invoice.tax = tax
     invoice.total = lines.total
-    invoice.status = Invoice.Status.OPEN
+    invoice.status = Invoice.Status.OPEN if invoice.total > 0 else Invoice.Status.PAID
+    invoice.paid_at = None if invoice.total > 0 else now
     invoice.issued_at = now
     invoice.save()
     audit_record(
@@ -291,8 +345,39 @@ def _issue(
     )
     invoice_id = invoice.pk
     transaction.on_commit(lambda: enqueue("billing.send_invoice_email", invoice_id))
-    if gateway.enabled():
+    if gateway.enabled() and invoice.total > 0:  # nothing to collect: not sent to Stripe
         transaction.on_commit(lambda: enqueue("billing.push_invoice_to_stripe", invoice_id))
+
+
+def invoice_number_next() -> str:
+    """The issuer's next invoice number (BILLING_ISSUER_ID-000001, …): one sequence, taken
+    under a row lock in the issuing transaction, so numbers have no gaps and no repeats."""
+    issuer = settings.BILLING_ISSUER_ID
+    InvoiceSequence.objects.get_or_create(issuer=issuer)
+    seq = InvoiceSequence.objects.select_for_update().get(issuer=issuer)
+    seq.last += 1
+    seq.save(update_fields=["last"])
+    return f"{issuer}-{seq.last:06d}"
+
+
+def seller_details() -> dict[str, str]:
+    """The issuer's legal details, from settings (frozen onto each invoice at issue)."""
+    return {
+        "name": settings.BILLING_SELLER_NAME,
+        "address": settings.BILLING_SELLER_ADDRESS,
+        "tax_id": settings.BILLING_SELLER_TAX_ID,
+        "email": settings.BILLING_SELLER_EMAIL,
+    }
+
+
+def buyer_details(account: BillingAccount) -> dict[str, str]:
+    """The account's legal details (frozen onto each invoice at issue)."""
+    return {
+        "name": account.legal_name or account.name,
+        "address": account.legal_address,
+        "tax_id": account.tax_id,
+        "email": account.email,
+    }
 
 
 def invoice_pdf(*, invoice: Invoice) -> bytes:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
-from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
 from billing import pricing
 from billing.models import (
-    Adjustment,
     AllocationMeter,
     BillingAccount,
     Invoice,
@@ -24,10 +22,10 @@ from billing.pricing import period_bounds, period_of
 from billing.rates import PriceTable
 from billing.selectors import stopped_by_budget_cap
 from billing.services.accounts import accounts_for_projects
+from billing.services.corrections import usage_fault_credit
 from billing.services.coverage import usage_apply_coverage
 from billing.services.drafts import draft_invoice
 from billing.services.prices import price_list_seed
-from portal.audit import audit_record
 from portal.errors import DomainError
 from scheduler.models import Allocation
 
@@ -173,7 +171,7 @@ def _meter_batch(
         update_fields=["metered_until", "done", "fault_credited"],
     )
     for alloc in faults:
-        _fault_credit(alloc, account_id=accounts[alloc.job.project_id])
+        usage_fault_credit(alloc=alloc, account_id=accounts[alloc.job.project_id])
         # its months' coverage is worked out again: credited usage uses up no reservation
         account_id = accounts[alloc.job.project_id]
         touched.update(
@@ -220,28 +218,3 @@ def _open_pages(pairs: set[tuple[int, date]]) -> dict[tuple[int, date], int]:
             drafts[(account_id, target)] = draft_invoice(account_id, target).pk
         out[(account_id, period)] = drafts[(account_id, target)]
     return out
-
-
-def _fault_credit(alloc: Allocation, *, account_id: int) -> None:
-    """Apply the fault policy to an allocation's records; those already invoiced get a credit
-    adjustment on the next invoice instead."""
-    UsageRecord.objects.filter(allocation=alloc, invoice__status=Invoice.Status.DRAFT).update(
-        fault_credit=True
-    )
-    invoiced = UsageRecord.objects.filter(allocation=alloc, fault_credit=False).exclude(
-        invoice__status=Invoice.Status.DRAFT
-    )
-    already = invoiced.aggregate(total=Sum("amount"))["total"] or Decimal(0)
-    if already > 0:
-        invoiced.update(fault_credit=True)
-        Adjustment.objects.create(
-            account_id=account_id,
-            amount=-pricing.to_cents(already),
-            description=f"Platform fault credit, job #{alloc.job_id} ({alloc.get_end_reason_display()}), usage invoiced earlier",
-        )
-    audit_record(
-        actor=None,
-        action="billing.usage.fault_credit",
-        target=alloc,
-        data={"end_reason": alloc.end_reason, "job": alloc.job_id},
-    )

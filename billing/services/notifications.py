@@ -9,6 +9,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from billing.models import (
+    UNISSUED_STATUSES,
     Invoice,
     Notification,
     ProjectBilling,
@@ -40,13 +41,20 @@ def send_plain(subject: str, body: str, to: list[str]) -> None:
     EmailMultiAlternatives(subject, body, settings.DEFAULT_FROM_EMAIL, to=to).send()
 
 
+@transaction.atomic
 def invoice_send_email(*, invoice_id: int) -> bool:
     """Email the invoice (text, HTML, PDF attached) to the owners of the account's projects.
-    Sent once: a retry after success does nothing."""
+    Sent once: the invoice row is locked while the mail goes out (a concurrent sweep or retry
+    skips it) and marked sent in the same transaction; a retry after success does nothing."""
     from billing.documents import invoice_context, render_invoice_pdf
 
-    invoice = Invoice.objects.select_related("account").get(pk=invoice_id)
-    if invoice.emailed_at is not None or invoice.status == Invoice.Status.DRAFT:
+    invoice = (
+        Invoice.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("account")
+        .filter(pk=invoice_id)
+        .first()
+    )
+    if invoice is None or invoice.emailed_at is not None or invoice.status in UNISSUED_STATUSES:
         return False
     project_ids = list(
         ProjectBilling.objects.filter(account=invoice.account).values_list("project_id", flat=True)
@@ -67,15 +75,11 @@ def invoice_send_email(*, invoice_id: int) -> bool:
     message.attach_alternative(render_to_string("billing/email/invoice.html", context), "text/html")
     message.attach(f"{invoice.number}.pdf", render_invoice_pdf(invoice), "application/pdf")
     message.send()
-    with transaction.atomic():
-        updated = Invoice.objects.filter(pk=invoice.pk, emailed_at__isnull=True).update(
-            emailed_at=timezone.now()
-        )
-        if updated:
-            audit_record(
-                actor=None,
-                action="billing.invoice.email",
-                target=invoice,
-                data={"to": recipients},
-            )
-    return bool(updated)
+    Invoice.objects.filter(pk=invoice.pk).update(emailed_at=timezone.now())
+    audit_record(
+        actor=None,
+        action="billing.invoice.email",
+        target=invoice,
+        data={"to": recipients},
+    )
+    return True

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from billing import gateway
 from billing.models import (
+    UNISSUED_STATUSES,
     BillingAccount,
     Invoice,
     ProjectBilling,
@@ -21,6 +23,32 @@ from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import Project
 from portal.params import whole_number
+
+
+def invoices_to_resend(*, now: datetime | None = None) -> dict[str, list[int]]:
+    """Issued invoices whose e-mail or Stripe push has not gone out (the task after the close
+    failed past its retries, or the worker was lost): the sweep re-enqueues them until they
+    do. Sending stays once: the mail is marked sent under a row lock, Stripe calls carry
+    idempotency keys from ledger ids."""
+    now = now or timezone.now()
+    since = now - timedelta(days=settings.BILLING_RESEND_DAYS)
+    settle = now - timedelta(minutes=10)  # the close's own tasks get their chance first
+    issued = Invoice.objects.exclude(status__in=UNISSUED_STATUSES).filter(
+        issued_at__gte=since, issued_at__lt=settle
+    )
+    out = {
+        "email": list(issued.filter(emailed_at__isnull=True).values_list("pk", flat=True)),
+        "stripe": [],
+    }
+    if gateway.enabled():
+        out["stripe"] = list(
+            issued.filter(
+                stripe_finalized=False,
+                total__gt=0,
+                status__in=[Invoice.Status.OPEN, Invoice.Status.PAYMENT_FAILED],
+            ).values_list("pk", flat=True)
+        )
+    return out
 
 
 def _save(obj: Any, **fields: Any) -> None:
@@ -36,8 +64,10 @@ def invoice_push_to_stripe(*, invoice_id: int) -> str:
     if not gateway.enabled():
         return "stripe disabled"
     invoice = Invoice.objects.select_related("account").get(pk=invoice_id)
-    if invoice.status == Invoice.Status.DRAFT:
+    if invoice.status in UNISSUED_STATUSES:
         raise Conflict("A draft invoice is not sent to Stripe.")
+    if invoice.total <= 0:
+        return "nothing to collect"
     account = invoice.account
     if not account.stripe_customer_id:
         emails = owner_emails(
@@ -96,13 +126,38 @@ PAID_EVENTS = {"invoice.paid", "invoice.payment_succeeded"}
 FAILED_EVENTS = {"invoice.payment_failed"}
 
 
-VOID_EVENTS = {"invoice.voided", "invoice.marked_uncollectible"}
+VOID_EVENTS = {"invoice.voided"}
+
+
+UNCOLLECTIBLE_EVENTS = {"invoice.marked_uncollectible"}
+
+
+# Events are ordered by what they mean, not by when they arrive nor by their `created`: an
+# invoice only moves forward through finalized → payment failed → uncollectible → paid or
+# void, so a late `payment_failed` still counts after a newer `finalized`, and nothing
+# undoes paid or void. Same rank: applied again (harmless).
+EVENT_RANK: dict[str, int] = {
+    "invoice.finalized": 1,
+    **dict.fromkeys(FAILED_EVENTS, 2),
+    **dict.fromkeys(UNCOLLECTIBLE_EVENTS, 3),
+    **dict.fromkeys(PAID_EVENTS, 4),
+    **dict.fromkeys(VOID_EVENTS, 4),
+}
+STATUS_RANK: dict[str, int] = {
+    Invoice.Status.OPEN: 0,
+    Invoice.Status.PAYMENT_FAILED: 2,
+    Invoice.Status.UNCOLLECTIBLE: 3,
+    Invoice.Status.PAID: 4,
+    Invoice.Status.VOID: 4,
+}
+FINAL_STATUSES = {Invoice.Status.PAID, Invoice.Status.VOID}
 
 
 @transaction.atomic
 def stripe_event_apply(*, event: dict[str, Any], now: datetime | None = None) -> str:
-    """Apply one verified Stripe event. Duplicates (same event id) do nothing; an event older
-    than the last one applied to its invoice is recorded and ignored; `paid` is final."""
+    """Apply one verified Stripe event. Duplicates (same event id) do nothing; events are
+    ordered by meaning (`EVENT_RANK`): one that would move the invoice back is recorded and
+    ignored; paid and void are final; paid only when the whole amount came in its currency."""
     now = now or timezone.now()
     event_id, kind = str(event.get("id", "")), str(event.get("type", ""))
     created = int(event.get("created") or 0)
@@ -121,6 +176,20 @@ def stripe_event_apply(*, event: dict[str, Any], now: datetime | None = None) ->
     return outcome
 
 
+def _amount_short(invoice: Invoice, obj: dict[str, Any]) -> str:
+    """Why a `paid` event does not settle the invoice ('' when it does): Stripe's
+    `amount_paid` (cents) must cover our total in our currency."""
+    currency = str(obj.get("currency") or "").lower()
+    paid = whole_number(str(obj.get("amount_paid", "")), maximum=2**63 - 1)
+    due = int((invoice.total * 100).to_integral_value())
+    if currency != invoice.currency.lower():
+        return f"paid in {currency or 'no currency'}, invoice is in {invoice.currency}"
+    if paid is None or paid < due:
+        got = "nothing" if paid is None else f"{Decimal(paid) / 100:.2f}"
+        return f"paid {got} of {invoice.total} {invoice.currency}"
+    return ""
+
+
 def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: datetime) -> str:
     if not kind.startswith("invoice."):
         return "ignored: not an invoice event"
@@ -135,28 +204,48 @@ def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: da
         invoice = qs.filter(stripe_invoice_id=str(obj["id"])).first()
     if invoice is None:
         return "ignored: unknown invoice"
-    if invoice.status == Invoice.Status.PAID:
-        return "ignored: already paid"
-    if created < invoice.stripe_state_at:
-        return "ignored: older than the state applied"
-    invoice.stripe_state_at = created
+    if invoice.status in FINAL_STATUSES:
+        return f"ignored: already {invoice.status}"
+    rank = EVENT_RANK.get(kind)
+    if rank is None:
+        return "ignored: not a state change"
+    if rank < STATUS_RANK.get(invoice.status, 0):
+        return f"ignored: the invoice is already {invoice.get_status_display().lower()}"
     fields = ["stripe_state_at"]
+    invoice.stripe_state_at = max(invoice.stripe_state_at, created)
     outcome = "recorded"
     account = invoice.account
     projects = list(Project.objects.filter(billing__account=account))
     if kind in PAID_EVENTS:
+        short = _amount_short(invoice, obj)
+        if short:
+            invoice.save(update_fields=fields)
+            audit_record(
+                actor=None,
+                action="billing.invoice.payment_short",
+                target=invoice,
+                data={"event": event.get("id"), "type": kind, "why": short},
+            )
+            return f"not paid: {short}"
         invoice.status, invoice.paid_at = Invoice.Status.PAID, now
         fields += ["status", "paid_at"]
         outcome = "paid"
     elif kind in FAILED_EVENTS:
-        invoice.status, invoice.payment_failed_at = Invoice.Status.PAYMENT_FAILED, now
+        invoice.status = Invoice.Status.PAYMENT_FAILED
+        invoice.payment_failed_at = invoice.payment_failed_at or now
         fields += ["status", "payment_failed_at"]
         outcome = "payment failed"
+    elif kind in UNCOLLECTIBLE_EVENTS:
+        # Not void: the money is still owed and the account stays blocked as a failed one.
+        invoice.status = Invoice.Status.UNCOLLECTIBLE
+        invoice.payment_failed_at = invoice.payment_failed_at or now
+        fields += ["status", "payment_failed_at"]
+        outcome = "uncollectible"
     elif kind in VOID_EVENTS:
         invoice.status = Invoice.Status.VOID
         fields += ["status"]
         outcome = "void"
-    elif kind == "invoice.finalized":
+    else:  # invoice.finalized
         invoice.stripe_finalized = True
         fields += ["stripe_finalized"]
         outcome = "finalized"
@@ -184,7 +273,7 @@ def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: da
                 level="info",
                 message=f"Invoice {invoice.number} (${invoice.total}) is paid. Thank you.",
             )
-    if outcome in {"paid", "payment failed", "void"}:
+    if outcome != "recorded":
         audit_record(
             actor=None,
             action=f"billing.invoice.{outcome.replace(' ', '_')}",
@@ -194,10 +283,14 @@ def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: da
     return outcome
 
 
+BLOCKING_STATUSES = (Invoice.Status.PAYMENT_FAILED, Invoice.Status.UNCOLLECTIBLE)
+
+
 def _account_payment_state(account: BillingAccount, *, now: datetime) -> None:
-    """An account is past due from its oldest failed, still unpaid invoice."""
+    """An account is past due from its oldest failed (or uncollectible), still unpaid
+    invoice."""
     oldest = (
-        Invoice.objects.filter(account=account, status=Invoice.Status.PAYMENT_FAILED)
+        Invoice.objects.filter(account=account, status__in=BLOCKING_STATUSES)
         .order_by("payment_failed_at")
         .values_list("payment_failed_at", flat=True)
         .first()

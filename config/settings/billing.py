@@ -22,6 +22,15 @@ BILLING_CURRENCY = _env("BILLING_CURRENCY", default="usd").lower()
 # job without a time limit is assumed to run when admission counts its expected cost.
 BILLING_CAP_CHECK_SECONDS = _env.float("BILLING_CAP_CHECK_SECONDS", default=60.0)
 BILLING_CAP_ASSUMED_HOURS = _env.float("BILLING_CAP_ASSUMED_HOURS", default=1.0)
+# The issuer: its invoice numbers are one sequence (BILLING_ISSUER_ID-000001, …) and its
+# legal details are printed on every invoice.
+BILLING_ISSUER_ID = _env("BILLING_ISSUER_ID", default="GPC")
+BILLING_SELLER_NAME = _env("BILLING_SELLER_NAME", default=BILLING_PROVIDER_NAME)
+BILLING_SELLER_ADDRESS = _env("BILLING_SELLER_ADDRESS", default="")
+BILLING_SELLER_TAX_ID = _env("BILLING_SELLER_TAX_ID", default="")
+BILLING_SELLER_EMAIL = _env("BILLING_SELLER_EMAIL", default="")
+# Invoices whose e-mail or Stripe push has not gone out are retried by a sweep for this long.
+BILLING_RESEND_DAYS = _env.int("BILLING_RESEND_DAYS", default=30)
 BILLING_PAYMENT_GRACE_DAYS = _env.int("BILLING_PAYMENT_GRACE_DAYS", default=7)
 BILLING_INVOICE_DUE_DAYS = _env.int("BILLING_INVOICE_DUE_DAYS", default=14)
 BILLING_METER_SECONDS = _env.float("BILLING_METER_SECONDS", default=300.0)
@@ -44,6 +53,11 @@ BILLING_BEAT_SCHEDULE = {
     },
     "billing-budgets": {
         "task": "billing.check_budgets",
+        "schedule": 900.0,
+        "options": {"expires": 900},
+    },
+    "billing-resend-invoices": {  # an invoice whose mail or Stripe push failed goes out
+        "task": "billing.resend_invoices",
         "schedule": 900.0,
         "options": {"expires": 900},
     },
