@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from portal.admin import AuditedAdmin, ReadOnlyAdmin
+from portal.errors import DomainError
 from scheduler.models import (
     Allocation,
     Autoscaler,
@@ -24,6 +26,7 @@ from scheduler.models import (
     SlurmJob,
     SlurmPool,
 )
+from scheduler.nodes import node_inventory_approve
 
 
 @admin.register(GpuModel)
@@ -86,8 +89,25 @@ class NodeAdmin(AuditedAdmin):
         "updated_at",
         "driver_version",
         "cuda_version",
+        "registered_inventory",
+        "pending_inventory",
     ]
     inlines = [GpuInline]
+    actions = ["approve_inventory"]
+
+    @admin.action(description="Approve the new inventory of quarantined nodes")
+    def approve_inventory(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        for node in queryset.filter(state=Node.State.QUARANTINED):
+            try:
+                node_inventory_approve(
+                    actor=request.user,  # type: ignore[arg-type]
+                    node=node,
+                    remote_addr=request.META.get("REMOTE_ADDR"),
+                )
+            except DomainError as exc:
+                self.message_user(request, f"{node.name}: {exc.message}", level="error")
+            else:
+                self.message_user(request, f"{node.name}: inventory approved; ready.")
 
 
 @admin.register(Gpu)

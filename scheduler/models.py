@@ -127,6 +127,7 @@ class Node(models.Model):
         DRAINING = "draining", "Draining"
         UNHEALTHY = "unhealthy", "Unhealthy"
         LOST = "lost", "Lost"
+        QUARANTINED = "quarantined", "Quarantined"
         RETIRED = "retired", "Retired"
 
     class Provider(models.TextChoices):
@@ -152,6 +153,17 @@ class Node(models.Model):
     memory_mib = models.PositiveIntegerField(help_text="Allocatable memory in MiB.")
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=16, blank=True)
+    registered_inventory = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The hardware the node first registered (or an operator approved since): "
+        "GPU slots with model and memory, CPU, memory. Another inventory quarantines it.",
+    )
+    pending_inventory = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="An inventory that differs from the registered one, awaiting an operator.",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

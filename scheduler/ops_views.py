@@ -102,6 +102,14 @@ def node_actions(node: Node) -> list[tuple[str, str, str]]:
             ("retire", "Retire", "It leaves the fleet for good."),
         ],
         Node.State.LOST: [("retire", "Retire", "It leaves the fleet for good.")],
+        Node.State.QUARANTINED: [
+            (
+                "approve_inventory",
+                "Approve inventory",
+                "Its new hardware is applied and it takes work again: check the hardware first.",
+            ),
+            ("retire", "Retire", "It leaves the fleet for good."),
+        ],
     }
     actions = list(options.get(node.state, []))
     if node.state == Node.State.READY and node.gpus.filter(health=Gpu.Health.UNHEALTHY).exists():

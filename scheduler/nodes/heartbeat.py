@@ -34,7 +34,8 @@ def node_heartbeat(
         node.fenced = True
         node_transition(
             node=node,
-            to=Node.State.READY,
+            # a node quarantined before it was lost stays so until an operator approves it
+            to=Node.State.QUARANTINED if node.pending_inventory else Node.State.READY,
             kind="node_returned",
             severity=NodeEvent.Severity.WARNING,
             message="A lost node sent a heartbeat: fenced until it has stopped its old work",

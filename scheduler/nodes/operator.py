@@ -1,4 +1,5 @@
-"""Operator actions on a node: cordon, uncordon, drain, reset health, retire."""
+"""Operator actions on a node: cordon, uncordon, drain, reset health, approve a quarantined
+node's new inventory, retire."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler.models import Gpu, JobState, Node
 from scheduler.nodes.faults import jobs_holding
+from scheduler.nodes.inventory import node_inventory_approve
 from scheduler.nodes.states import node_transition
 from scheduler.transitions import job_transition
 
@@ -24,8 +26,11 @@ OPERATOR_ACTIONS: dict[str, tuple[frozenset[str], str]] = {
         frozenset({Node.State.READY, Node.State.UNHEALTHY, Node.State.CORDONED}),
         Node.State.READY,
     ),
+    "approve_inventory": (frozenset({Node.State.QUARANTINED}), Node.State.READY),
     "retire": (
-        frozenset({Node.State.CORDONED, Node.State.LOST, Node.State.UNHEALTHY}),
+        frozenset(
+            {Node.State.CORDONED, Node.State.LOST, Node.State.UNHEALTHY, Node.State.QUARANTINED}
+        ),
         Node.State.RETIRED,
     ),
 }
@@ -41,6 +46,8 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
     sources, target = OPERATOR_ACTIONS[action]
     if node.state not in sources:
         raise Conflict(f"Node {node.name} is {node.state}; it cannot {action}.")
+    if action == "approve_inventory":
+        return node_inventory_approve(actor=actor, node=node, remote_addr=remote_addr)
     if action == "retire" and node.allocations.filter(ended_at__isnull=True).exists():
         raise Conflict(f"Node {node.name} still runs work; drain it first.")
     old = node.state
