@@ -203,6 +203,10 @@ class Gpu(models.Model):
         help_text="Capacity is 1000 milli-GPU times this factor (time-slicing).",
     )
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    # The GPU's last fault (when it became unhealthy or its device was replaced) and when that
+    # fault was corroborated: usage is credited for a fault only once it is (docs/billing.md).
+    fault_at = models.DateTimeField(null=True, blank=True)
+    fault_corroborated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -498,6 +502,9 @@ class Allocation(models.Model):
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
+    # a GPU fault's end is credited only once the fault is corroborated (a later heartbeat
+    # still finds the GPU unhealthy, or an operator confirms it); a node's loss needs nothing
+    fault_corroborated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["started_at", "pk"]

@@ -330,6 +330,9 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"].update(  # type: ignore[union-attr]
         "agent_logs": env("RATE_AGENT_LOGS", default="1200/min"),
     }
 )
+# A GPU fault is credited once a sample this much later still finds the GPU unhealthy (or an
+# operator confirms it): one forged XID in one heartbeat credits nothing.
+GPU_FAULT_CORROBORATION_SECONDS = env.float("GPU_FAULT_CORROBORATION_SECONDS", default=30.0)
 SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)
 
 CELERY_TASK_ROUTES = {

@@ -20,7 +20,7 @@ from scheduler.nodes.inventory import (
     node_register,
 )
 from scheduler.nodes.loss import LOSS_HELD_KEY, loss_storm, lost_nodes_sweep
-from scheduler.nodes.operator import node_set_state
+from scheduler.nodes.operator import node_faults_confirm, node_set_state
 from scheduler.nodes.reports import (
     ExitReport,
     agent_reports_apply,
@@ -58,6 +58,7 @@ __all__ = [
     "jobs_started",
     "loss_storm",
     "lost_nodes_sweep",
+    "node_faults_confirm",
     "node_for_agent_token_hash",
     "node_heartbeat",
     "node_id_for_agent_token",

@@ -21,7 +21,7 @@ from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler.dispatch import assignments_changed
 from scheduler.models import Allocation, Gpu, GpuModel, Node, NodeEvent
-from scheduler.nodes.faults import jobs_holding, requeue_after_fault
+from scheduler.nodes.faults import gpu_fault_record, jobs_holding, requeue_after_fault
 from scheduler.nodes.states import node_transition
 
 
@@ -211,6 +211,7 @@ def _inventory_apply(node: Node, inventory: dict[str, Any]) -> None:
             message=f"GPU {row.index} now reports UUID {reported['uuid']}",
         )
         row.health = Gpu.Health.HEALTHY
+        gpu_fault_record(row, at=timezone.now())  # credited once an operator confirms it
     for gpu in gpus:
         slot = slots.get(gpu["index"])
         if slot is None:
@@ -226,7 +227,16 @@ def _inventory_apply(node: Node, inventory: dict[str, Any]) -> None:
             )
             continue
         slot.uuid, slot.model, slot.memory_mib = gpu["uuid"], models[gpu["uuid"]], gpu["memory_mib"]
-        slot.save(update_fields=["uuid", "model", "memory_mib", "health"])
+        slot.save(
+            update_fields=[
+                "uuid",
+                "model",
+                "memory_mib",
+                "health",
+                "fault_at",
+                "fault_corroborated_at",
+            ]
+        )
     for index, row in slots.items():  # a device that vanished: unhealthy, not deleted
         if index not in indexes and row.health != Gpu.Health.UNHEALTHY:
             row.health = Gpu.Health.UNHEALTHY

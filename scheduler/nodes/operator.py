@@ -11,7 +11,7 @@ from django.utils import timezone
 from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler.models import Gpu, JobState, Node
-from scheduler.nodes.faults import jobs_holding
+from scheduler.nodes.faults import gpu_fault_corroborate, jobs_holding
 from scheduler.nodes.inventory import node_inventory_approve
 from scheduler.nodes.states import node_transition
 from scheduler.transitions import job_transition
@@ -75,3 +75,21 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
                 update_fields=("preempt_deadline",),
             )
     return node
+
+
+@transaction.atomic
+def node_faults_confirm(*, actor: User, node: Node, remote_addr: str | None = None) -> int:
+    """An operator confirms the node's open GPU faults (after looking at the hardware): the
+    work they ended becomes creditable. Returns the allocations corroborated; audited."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    gpus = list(
+        node.gpus.select_for_update().filter(
+            fault_at__isnull=False, fault_corroborated_at__isnull=True
+        )
+    )
+    if not gpus:
+        raise Conflict(f"Node {node.name} has no unconfirmed GPU fault.")
+    return sum(
+        gpu_fault_corroborate(gpu, how="operator", actor=actor, remote_addr=remote_addr)
+        for gpu in gpus
+    )
