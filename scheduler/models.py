@@ -380,6 +380,10 @@ class Job(models.Model):
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.CharField(max_length=500, blank=True)
+    # Bytes of output stored, and the log quota it reached (null: not truncated): the job page,
+    # the API and the CLI say that later output was not kept.
+    log_bytes = models.PositiveBigIntegerField(default=0)
+    log_quota_hit = models.PositiveBigIntegerField(null=True, blank=True)
     resume = models.BooleanField(default=False, help_text="Next start resumes from checkpoint.")
     preempt_deadline = models.DateTimeField(null=True, blank=True)
 
@@ -409,6 +413,22 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    @property
+    def log_truncation_note(self) -> str:
+        """What the job page, the API and the CLI say when output was dropped ('' if none)."""
+        if self.log_quota_hit is None:
+            return ""
+        quota = self.log_quota_hit
+        size = next(
+            (
+                f"{quota / unit:g} {name}"
+                for name, unit in (("MiB", 1 << 20), ("KiB", 1 << 10))
+                if quota >= unit
+            ),
+            f"{quota} bytes",
+        )
+        return f"[log truncated: this job's output reached its log quota of {size}; later output was not kept]"
 
     @property
     def gpu_count(self) -> int:
@@ -679,6 +699,13 @@ class Quota(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Set by the project's owners, within the project's concurrent GPUs: what one "
         "member's queued and running jobs may ask for at once (blank: no cap).",
+    )
+    log_quota_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1024)],
+        help_text="Output kept per job, in bytes (blank: the portal's default, "
+        "JOB_LOG_QUOTA_BYTES); later output is dropped and the job says so.",
     )
     updated_at = models.DateTimeField(auto_now=True)
 

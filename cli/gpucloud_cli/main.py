@@ -306,6 +306,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         after = chunk.get("last") or after
         if not args.follow or chunk.get("state") in ENDED:
+            if chunk.get("note"):
+                print(chunk["note"], file=sys.stderr)  # output past the log quota was dropped
             if args.follow:
                 print(f"[job {args.job} {chunk.get('state')}]", file=sys.stderr)
             return 0

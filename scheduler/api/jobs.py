@@ -668,4 +668,13 @@ class JobViewSet(
                 {"after": ["A whole number: the last chunk id you have."]}
             )
         text, last = selectors.job_log_text(job, after_id=after)
-        return Response({"text": text, "last": last, "state": job.state})
+        return Response(
+            {
+                "text": text,
+                "last": last,
+                "state": job.state,
+                # output past the log quota was dropped: say so (empty when nothing was)
+                "truncated": job.log_quota_hit is not None,
+                "note": job.log_truncation_note,
+            }
+        )
