@@ -139,6 +139,12 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_select_related = ["project", "gpu_model"]
     date_hierarchy = "created_at"
     inlines = [JobEventInline]
+    exclude = ["secret_env"]  # write-only, for operators too: the masked names instead
+    readonly_fields = ["secret_env_names"]
+
+    @admin.display(description="Secret environment")
+    def secret_env_names(self, obj: Job) -> str:
+        return ", ".join(f"{k}={v}" for k, v in obj.secret_env_masked.items()) or "-"
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

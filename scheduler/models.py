@@ -283,6 +283,9 @@ ACTIVE_STATES = (
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
 
 
+SECRET_MASK = "********"  # what every page and API answer shows for a secret env value
+
+
 class Job(models.Model):
     """What a researcher asked for, and where it stands."""
 
@@ -308,6 +311,9 @@ class Job(models.Model):
         max_length=100, blank=True, help_text="The image's digest as the node ran it (sha256:…)."
     )
     env = models.JSONField(default=dict, blank=True)
+    # Write-only: shown masked to everyone (SECRET_MASK), sent only to the node that runs the job
+    # in its assignment (and to the Slurm batch script of a Slurm pool's job).
+    secret_env = models.JSONField(default=dict, blank=True)
     working_dir = models.CharField(max_length=500, blank=True)
     checkpoint_dir = models.CharField(max_length=500, blank=True)
 
@@ -413,6 +419,11 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    @property
+    def secret_env_masked(self) -> dict[str, str]:
+        """The secret variables' names, their values masked: all anyone is ever shown."""
+        return {name: SECRET_MASK for name in sorted(self.secret_env)}
 
     @property
     def log_truncation_note(self) -> str:
