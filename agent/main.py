@@ -372,6 +372,9 @@ class Agent:
             return
         del self._buffer[: len(sent)]
         self._set_fenced(bool(answer.get("fenced")))
+        images = answer.get("images")
+        if isinstance(images, list):  # the curated images this node keeps pulled
+            self.runner.runtime.keep_pulled([i for i in images if isinstance(i, str)])
 
     def _poll_assignments(self, *, attempts: int | None) -> None:
         """Read the assignments (with any started/exited reports on the way) and apply them."""

@@ -116,6 +116,7 @@ class Heartbeat(TypedDict):
 class HeartbeatAnswer(TypedDict):
     ok: bool
     fenced: bool
+    images: NotRequired[list[str]]  # the curated images to keep pulled
 
 
 class Started(TypedDict):

@@ -10,8 +10,10 @@ from portal.admin import AuditedAdmin, ReadOnlyAdmin
 from portal.errors import DomainError
 from scheduler.models import (
     Allocation,
+    AllowedRegistry,
     Autoscaler,
     AutoscalerDecision,
+    CuratedImage,
     Gpu,
     GpuModel,
     Job,
@@ -265,3 +267,28 @@ class QuotaRequestAdmin(ReadOnlyAdmin):
     list_display = ["project", "requested_by", "status", "created_at", "decided_by", "decided_at"]
     list_filter = ["status"]
     search_fields = ["project__slug", "requested_by__email"]
+
+
+@admin.register(AllowedRegistry)
+class AllowedRegistryAdmin(AuditedAdmin):
+    """The registries jobs' images may come from (anything else is refused at submission)."""
+
+    list_display = ["host", "note"]
+    search_fields = ["host"]
+
+
+@admin.register(CuratedImage)
+class CuratedImageAdmin(AuditedAdmin):
+    """The images the submit form offers and warm nodes keep pulled."""
+
+    list_display = [
+        "name",
+        "reference",
+        "cuda_version",
+        "framework",
+        "framework_version",
+        "is_active",
+    ]
+    list_filter = ["is_active", "framework"]
+    list_editable = ["is_active"]
+    search_fields = ["name", "reference"]

@@ -31,6 +31,7 @@ from scheduler.dependencies import (
     dependency_rows,
     spec_dependencies_validate,
 )
+from scheduler.images import image_check
 from scheduler.models import (
     ACTIVE_STATES,
     PRECISIONS,
@@ -223,6 +224,7 @@ def spec_validate(spec: JobSpec) -> JobSpec:
     for label, path in (("checkpoint_dir", spec.checkpoint_dir), ("working_dir", spec.working_dir)):
         if path and (not path.startswith("/") or len(path) > 500 or "\x00" in path):
             raise bad(label, f"{label} must be an absolute path of at most 500 characters.")
+    image_check(spec.image)
     if spec.shm_mib and not 0 < spec.shm_mib <= 1024 * 1024:
         raise bad("shm_mib", "Shared memory is at most 1 TiB.")
     if spec.gpu_models:

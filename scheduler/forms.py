@@ -54,6 +54,14 @@ class JobForm(forms.Form):
         empty_label="Any pool of our nodes",
         help_text="A Slurm-backed pool hands the job to its Slurm cluster.",
     )
+    image = forms.CharField(
+        max_length=300,
+        required=False,
+        label="Image",
+        help_text="A curated image (listed) or any image from an allowed registry; blank: the "
+        "node's default image.",
+        widget=forms.TextInput(attrs={"list": "curated-images", "placeholder": "blank: default"}),
+    )
     min_gpu_memory_gb = forms.IntegerField(
         min_value=0, max_value=1000, required=False, label="Min GPU memory (GB)"
     )
@@ -174,6 +182,7 @@ class JobForm(forms.Form):
             shard_count=data.get("shard_count") or 1,
             max_restarts=data.get("max_restarts") or 0,
             dependencies=data.get("dependencies") or (),
+            image=(data.get("image") or "").strip(),
             env=data.get("env") or {},
             secret_env=data.get("secret_env") or {},
             source=Job.Source.FORM,

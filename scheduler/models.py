@@ -807,3 +807,54 @@ class QuotaRequest(models.Model):
 
 # The Slurm execution backend's rows (pool settings, job links) live with it.
 from scheduler.backends.slurm.models import SlurmJob, SlurmPool  # noqa: E402,F401
+
+
+class AllowedRegistry(models.Model):
+    """A container registry jobs' images may come from; an image from any other is refused
+    at submission, naming its registry. Operators curate the list (the admin)."""
+
+    host = models.CharField(
+        max_length=253,
+        unique=True,
+        help_text="As an image reference names it: docker.io (the default), nvcr.io, "
+        "ghcr.io, registry.example.org:5000, localhost.",
+    )
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["host"]
+        verbose_name_plural = "allowed registries"
+
+    def __str__(self) -> str:
+        return self.host
+
+
+class CuratedImage(models.Model):
+    """An image operators offer in the submit form, with its CUDA and framework versions.
+    Warm nodes keep the active ones pulled (the heartbeat answer lists them), so a job's
+    start is not a cold pull."""
+
+    reference = models.CharField(
+        max_length=300, unique=True, help_text="e.g. nvcr.io/nvidia/pytorch:24.05-py3"
+    )
+    name = models.CharField(max_length=100)
+    cuda_version = models.CharField(max_length=16, blank=True)
+    framework = models.CharField(max_length=50, blank=True, help_text="e.g. PyTorch")
+    framework_version = models.CharField(max_length=32, blank=True)
+    is_active = models.BooleanField(default=True, help_text="Shown in the form and kept pulled.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """What the form shows: name, CUDA and framework versions."""
+        parts = [self.name]
+        if self.cuda_version:
+            parts.append(f"CUDA {self.cuda_version}")
+        if self.framework:
+            parts.append(f"{self.framework} {self.framework_version}".strip())
+        return " · ".join(parts)

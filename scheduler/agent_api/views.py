@@ -30,6 +30,7 @@ from scheduler.agent_api.serializers import (
     StartedSerializer,
     SyncSerializer,
 )
+from scheduler.images import images_to_keep_pulled
 from scheduler.models import Node
 
 
@@ -191,7 +192,7 @@ class HeartbeatView(AgentView):
         node = nodes.node_heartbeat(
             node=self.node, telemetry=data["telemetry"], running=data["running"]
         )
-        return Response({"ok": True, "fenced": node.fenced})
+        return Response({"ok": True, "fenced": node.fenced, "images": images_to_keep_pulled()})
 
 
 class AssignmentsView(AgentView):
