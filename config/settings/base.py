@@ -318,7 +318,7 @@ AGENT_POLL_SECONDS = env.float("AGENT_POLL_SECONDS", default=2.0)
 AGENT_RATE_MARGIN = env.float("AGENT_RATE_MARGIN", default=4.0)
 AGENT_HEARTBEATS_PER_MIN = 60 / max(NODE_HEARTBEAT_SECONDS, 0.05)
 AGENT_SYNCS_PER_MIN = 2 * 60 / max(AGENT_POLL_SECONDS, 0.05)
-REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"].update(  # type: ignore[union-attr]
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"].update(  # type: ignore[attr-defined]
     {
         "agent": env(
             "RATE_AGENT", default=f"{math.ceil(AGENT_SYNCS_PER_MIN * AGENT_RATE_MARGIN)}/min"
