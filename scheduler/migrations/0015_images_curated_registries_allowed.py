@@ -2,9 +2,9 @@
 
 from django.db import migrations, models
 
-# The registries allowed until operators change the list: Docker Hub, NVIDIA's, GitHub's and
-# images built on the node itself.
-SEEDED = ["docker.io", "ghcr.io", "localhost", "nvcr.io"]
+# The registries allowed until operators change the list: Docker Hub, NVIDIA's, GitHub's, the
+# Kubernetes project's (its examples) and images built on the node itself.
+SEEDED = ["docker.io", "ghcr.io", "localhost", "nvcr.io", "registry.k8s.io"]
 
 
 def seed(apps, schema_editor):
