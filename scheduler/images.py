@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from django.conf import settings
+
 from portal.errors import DomainError
 from scheduler.models import AllowedRegistry, CuratedImage
 
@@ -36,7 +38,9 @@ def image_check(reference: str) -> None:
             field="image",
         )
     registry = image_registry(reference)
-    allowed = sorted(AllowedRegistry.objects.values_list("host", flat=True))
+    allowed = sorted(
+        {*settings.IMAGE_REGISTRIES, *AllowedRegistry.objects.values_list("host", flat=True)}
+    )
     if registry not in allowed:
         raise DomainError(
             f"Image '{reference}' comes from registry '{registry}', which is not allowed; "

@@ -810,8 +810,9 @@ from scheduler.backends.slurm.models import SlurmJob, SlurmPool  # noqa: E402,F4
 
 
 class AllowedRegistry(models.Model):
-    """A container registry jobs' images may come from; an image from any other is refused
-    at submission, naming its registry. Operators curate the list (the admin)."""
+    """A container registry jobs' images may come from, besides the IMAGE_REGISTRIES setting;
+    an image from any other is refused at submission, naming its registry. Operators curate
+    the list (the admin)."""
 
     host = models.CharField(
         max_length=253,

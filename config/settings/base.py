@@ -333,6 +333,10 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"].update(  # type: ignore[attr-defined]
 # A GPU fault is credited once a sample this much later still finds the GPU unhealthy (or an
 # operator confirms it): one forged XID in one heartbeat credits nothing.
 GPU_FAULT_CORROBORATION_SECONDS = env.float("GPU_FAULT_CORROBORATION_SECONDS", default=30.0)
+# Registries jobs' images may come from, besides those operators add (scheduler.AllowedRegistry).
+IMAGE_REGISTRIES = env.list(
+    "IMAGE_REGISTRIES", default=["docker.io", "ghcr.io", "localhost", "nvcr.io", "registry.k8s.io"]
+)
 # Output kept per job unless its project's quota says otherwise (Quota.log_quota_bytes).
 JOB_LOG_QUOTA_BYTES = env.int("JOB_LOG_QUOTA_BYTES", default=16 * 1024 * 1024)
 SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)

@@ -2,21 +2,6 @@
 
 from django.db import migrations, models
 
-# The registries allowed until operators change the list: Docker Hub, NVIDIA's, GitHub's, the
-# Kubernetes project's (its examples) and images built on the node itself.
-SEEDED = ["docker.io", "ghcr.io", "localhost", "nvcr.io", "registry.k8s.io"]
-
-
-def seed(apps, schema_editor):
-    AllowedRegistry = apps.get_model("scheduler", "AllowedRegistry")
-    for host in SEEDED:
-        AllowedRegistry.objects.get_or_create(host=host)
-
-
-def unseed(apps, schema_editor):
-    apps.get_model("scheduler", "AllowedRegistry").objects.filter(host__in=SEEDED).delete()
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -51,5 +36,4 @@ class Migration(migrations.Migration):
                 'ordering': ['name'],
             },
         ),
-        migrations.RunPython(seed, unseed),
     ]
