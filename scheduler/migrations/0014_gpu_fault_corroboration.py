@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0011_node_quarantine'),
+        ('scheduler', '0013_node_quarantine'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0012_gpu_fault_corroboration'),
+        ('scheduler', '0014_gpu_fault_corroboration'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0013_job_log_quota'),
+        ('scheduler', '0015_job_log_quota'),
     ]
 
     operations = [

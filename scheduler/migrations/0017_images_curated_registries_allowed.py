@@ -5,7 +5,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0014_job_secret_env'),
+        ('scheduler', '0016_job_secret_env'),
     ]
 
     operations = [

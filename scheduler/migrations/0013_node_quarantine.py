@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0010_quota_requests_and_member_cap'),
+        ('scheduler', '0012_job_dependencies'),
     ]
 
     operations = [
