@@ -28,6 +28,7 @@ from agent.client import (
 )
 from agent.config import Config
 from agent.gpus import TELEMETRY_KEYS, GpuBackend, select_backend
+from agent.protocol import MAX_HEARTBEAT_SAMPLES, MAX_SAMPLE_PROCESSES
 from agent.runner import (
     LEFTOVER_GRACE_S,
     READER_DRAIN_S,
@@ -324,10 +325,33 @@ class Agent:
         self._buffer.append((time.monotonic(), samples))
         del self._buffer[:-MAX_BUFFERED_INSTANTS]
 
+    def _instants_that_fit(self) -> list[tuple[float, list[dict[str, Any]]]]:
+        """The newest buffered instants whose samples fit in one heartbeat (the protocol's
+        MAX_HEARTBEAT_SAMPLES); older ones are dropped from the buffer, never sent."""
+        fit, count = 0, 0
+        for _, samples in reversed(self._buffer):
+            if count + len(samples) > MAX_HEARTBEAT_SAMPLES:
+                break
+            count += len(samples)
+            fit += 1
+        del self._buffer[: len(self._buffer) - fit]
+        return [
+            (
+                taken,
+                [
+                    {**s, "processes": s["processes"][:MAX_SAMPLE_PROCESSES]}
+                    if s.get("processes")
+                    else s
+                    for s in samples
+                ],
+            )
+            for taken, samples in self._buffer
+        ]
+
     def _heartbeat(self, *, attempts: int | None, stop: threading.Event | None = None) -> None:
         if not self._buffer or time.monotonic() - self._buffer[-1][0] >= SAMPLE_INTERVAL_S / 2:
             self._sample()  # the newest instant is taken now
-        sent, sent_at = list(self._buffer), time.monotonic()
+        sent, sent_at = self._instants_that_fit(), time.monotonic()
         body = {
             # every buffered instant, oldest first; `age_s` (not a clock time) places each sample
             "telemetry": [
@@ -348,6 +372,9 @@ class Agent:
             return
         del self._buffer[: len(sent)]
         self._set_fenced(bool(answer.get("fenced")))
+        images = answer.get("images")
+        if isinstance(images, list):  # the curated images this node keeps pulled
+            self.runner.runtime.keep_pulled([i for i in images if isinstance(i, str)])
 
     def _poll_assignments(self, *, attempts: int | None) -> None:
         """Read the assignments (with any started/exited reports on the way) and apply them."""

@@ -97,8 +97,17 @@ class Running(TypedDict):
     pid: NotRequired[int | None]
 
 
+# What one heartbeat may carry. The agent samples its GPUs at 1 Hz and heartbeats every few
+# seconds: 8 GPUs × 5 instants is 40 samples; 64 GPUs × 8 instants fit. After an outage the
+# agent sends the newest instants that fit and drops the rest, so a heartbeat's cost to the
+# portal is bounded (a stolen token cannot make one request cost a CPU-second).
+MAX_HEARTBEAT_SAMPLES = 512
+MAX_SAMPLE_PROCESSES = 64  # GPU processes listed per sample
+MAX_HEARTBEAT_RUNNING = 1000  # attempts a heartbeat says run on the node
+
+
 class Heartbeat(TypedDict):
-    """POST /heartbeat."""
+    """POST /heartbeat: at most MAX_HEARTBEAT_SAMPLES samples, MAX_HEARTBEAT_RUNNING attempts."""
 
     telemetry: list[Telemetry]
     running: list[Running]
@@ -107,6 +116,7 @@ class Heartbeat(TypedDict):
 class HeartbeatAnswer(TypedDict):
     ok: bool
     fenced: bool
+    images: NotRequired[list[str]]  # the curated images to keep pulled
 
 
 class Started(TypedDict):

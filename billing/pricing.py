@@ -41,7 +41,8 @@ TIER_ON_DEMAND: Final = "on_demand"
 TIER_PREEMPTIBLE: Final = "preemptible"
 
 BUDGET_THRESHOLDS: Final = (50, 80, 100)
-FAULT_END_REASONS: Final = frozenset({"node_lost", "gpu_fault"})
+GPU_FAULT: Final = "gpu_fault"
+FAULT_END_REASONS: Final = frozenset({"node_lost", GPU_FAULT})
 RESERVED_TERMS_MONTHS: Final = (1, 12, 36)
 
 
@@ -228,10 +229,17 @@ def crossed_thresholds(*, spent: Decimal, budget: Decimal) -> list[int]:
     return [t for t in BUDGET_THRESHOLDS if spent * 100 >= budget * t]
 
 
-def fault_credited(*, end_reason: str, preemptible: bool, has_checkpoint: bool) -> bool:
+def fault_credited(
+    *, end_reason: str, preemptible: bool, has_checkpoint: bool, corroborated: bool = False
+) -> bool:
     """The stated policy: time lost to the platform is not billed. An allocation that ended
-    because its node was lost or its GPU failed is credited in full; so is one preempted from a
-    job that had no checkpoint directory (its work is lost) unless the job chose preemptible."""
+    because its node was lost is credited in full; one that ended because its GPU failed, once
+    the fault is `corroborated` (a later heartbeat still found the GPU unhealthy, or an
+    operator confirmed it: a node's own report alone credits nothing); so is one preempted
+    from a job that had no checkpoint directory (its work is lost) unless the job chose
+    preemptible."""
+    if end_reason == GPU_FAULT:
+        return corroborated
     if end_reason in FAULT_END_REASONS:
         return True
     return end_reason == "preempted" and not has_checkpoint and not preemptible

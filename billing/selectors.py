@@ -142,6 +142,7 @@ def _fault_credited(alloc: Allocation) -> bool:
         end_reason=alloc.end_reason,
         preemptible=alloc.job.preemptible or alloc.borrowed,
         has_checkpoint=bool(alloc.job.checkpoint_dir),
+        corroborated=alloc.fault_corroborated_at is not None,
     )
     if credited and alloc.end_reason == Allocation.EndReason.PREEMPTED:
         return not stopped_by_budget_cap(alloc)

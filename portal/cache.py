@@ -1,4 +1,9 @@
-"""The Redis cache backend, with one client object per connection pool instead of one per call.
+"""The Redis cache backend: JSON, never pickle; one client object per connection pool.
+
+Django's Redis backend pickles every value that is not an int, and unpickles whatever it reads:
+whoever can write to Redis could run code in every web process. `JsonSerializer` stores JSON
+(bytes as themselves, behind their own tag), and a value in any other form (a pickle planted
+under a cache key) reads as a miss, logged, never unpickled.
 
 Django's `RedisCacheClient.get_client` builds a new `redis.Redis` around the pool on every cache
 call; building one (its response-callback table) costs more CPU than the round trip it wraps
@@ -11,10 +16,40 @@ times the agents' requests with Django's own `RedisCache` in its place.
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 import redis
 from django.core.cache.backends import redis as django_redis
+
+log = logging.getLogger(__name__)
+
+_JSON, _BYTES = b"j:", b"b:"
+
+
+class JsonSerializer:
+    """Cache values as JSON (tuples come back as lists, dict keys as strings); ints stay bare
+    so that INCR works on them, as Django's own serializer keeps them."""
+
+    def dumps(self, obj: Any) -> bytes | int:
+        if type(obj) is int:
+            return obj
+        if isinstance(obj, bytes):
+            return _BYTES + obj
+        return _JSON + json.dumps(obj, separators=(",", ":")).encode()
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return int(data)
+        except ValueError:
+            pass
+        if data.startswith(_JSON):
+            return json.loads(data[len(_JSON) :])
+        if data.startswith(_BYTES):
+            return bytes(data[len(_BYTES) :])
+        log.warning("cache: a value in an unknown form (not JSON) was ignored")
+        return None
 
 
 class ReusedClientRedisCacheClient(django_redis.RedisCacheClient):
@@ -35,8 +70,10 @@ class ReusedClientRedisCacheClient(django_redis.RedisCacheClient):
 
 
 class RedisCache(django_redis.RedisCache):
-    """`django.core.cache.backends.redis.RedisCache` with `ReusedClientRedisCacheClient`."""
+    """`django.core.cache.backends.redis.RedisCache` with `ReusedClientRedisCacheClient` and
+    `JsonSerializer` (whatever the settings say: pickle is never an option)."""
 
     def __init__(self, server: str, params: dict[str, Any]) -> None:
-        super().__init__(server, params)
+        options = {**params.get("OPTIONS", {}), "serializer": JsonSerializer}
+        super().__init__(server, {**params, "OPTIONS": options})
         self._class = ReusedClientRedisCacheClient

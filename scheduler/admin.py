@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from portal.admin import AuditedAdmin, ReadOnlyAdmin
+from portal.errors import DomainError
 from scheduler.models import (
     Allocation,
+    AllowedRegistry,
     Autoscaler,
     AutoscalerDecision,
+    CuratedImage,
     Gpu,
     GpuModel,
     Job,
@@ -24,6 +28,7 @@ from scheduler.models import (
     SlurmJob,
     SlurmPool,
 )
+from scheduler.nodes import node_inventory_approve
 
 
 @admin.register(GpuModel)
@@ -86,8 +91,25 @@ class NodeAdmin(AuditedAdmin):
         "updated_at",
         "driver_version",
         "cuda_version",
+        "registered_inventory",
+        "pending_inventory",
     ]
     inlines = [GpuInline]
+    actions = ["approve_inventory"]
+
+    @admin.action(description="Approve the new inventory of quarantined nodes")
+    def approve_inventory(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        for node in queryset.filter(state=Node.State.QUARANTINED):
+            try:
+                node_inventory_approve(
+                    actor=request.user,  # type: ignore[arg-type]
+                    node=node,
+                    remote_addr=request.META.get("REMOTE_ADDR"),
+                )
+            except DomainError as exc:
+                self.message_user(request, f"{node.name}: {exc.message}", level="error")
+            else:
+                self.message_user(request, f"{node.name}: inventory approved; ready.")
 
 
 @admin.register(Gpu)
@@ -119,6 +141,12 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_select_related = ["project", "gpu_model"]
     date_hierarchy = "created_at"
     inlines = [JobEventInline]
+    exclude = ["secret_env"]  # write-only, for operators too: the masked names instead
+    readonly_fields = ["secret_env_names"]
+
+    @admin.display(description="Secret environment")
+    def secret_env_names(self, obj: Job) -> str:
+        return ", ".join(f"{k}={v}" for k, v in obj.secret_env_masked.items()) or "-"
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
@@ -239,3 +267,28 @@ class QuotaRequestAdmin(ReadOnlyAdmin):
     list_display = ["project", "requested_by", "status", "created_at", "decided_by", "decided_at"]
     list_filter = ["status"]
     search_fields = ["project__slug", "requested_by__email"]
+
+
+@admin.register(AllowedRegistry)
+class AllowedRegistryAdmin(AuditedAdmin):
+    """The registries jobs' images may come from (anything else is refused at submission)."""
+
+    list_display = ["host", "note"]
+    search_fields = ["host"]
+
+
+@admin.register(CuratedImage)
+class CuratedImageAdmin(AuditedAdmin):
+    """The images the submit form offers and warm nodes keep pulled."""
+
+    list_display = [
+        "name",
+        "reference",
+        "cuda_version",
+        "framework",
+        "framework_version",
+        "is_active",
+    ]
+    list_filter = ["is_active", "framework"]
+    list_editable = ["is_active"]
+    search_fields = ["name", "reference"]

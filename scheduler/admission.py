@@ -31,6 +31,7 @@ from scheduler.dependencies import (
     dependency_rows,
     spec_dependencies_validate,
 )
+from scheduler.images import image_check
 from scheduler.models import (
     ACTIVE_STATES,
     PRECISIONS,
@@ -91,6 +92,7 @@ class JobSpec:
     working_dir: str = ""
     image: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    secret_env: dict[str, str] = field(default_factory=dict)  # write-only (see Job.secret_env)
     max_restarts: int = 0
     elastic_min: int | None = None
     elastic_max: int | None = None
@@ -117,7 +119,7 @@ class JobSpec:
 def spec_payload_bytes(spec: JobSpec) -> int:
     """Bytes of request text each job row keeps: its command and environment."""
     return len(spec.command.encode()) + sum(
-        len(k.encode()) + len(v.encode()) for k, v in spec.env.items()
+        len(k.encode()) + len(v.encode()) for k, v in [*spec.env.items(), *spec.secret_env.items()]
     )
 
 
@@ -177,7 +179,7 @@ def spec_validate(spec: JobSpec) -> JobSpec:
     if not 1 <= spec.shard_count <= MAX_SHARDS:
         raise bad("shard_count", f"An array job has 1 to {MAX_SHARDS} shards.")
     spec_dependencies_validate(spec.dependencies)
-    if len(spec.env) > MAX_ENV_VARS:
+    if len(spec.env) + len(spec.secret_env) > MAX_ENV_VARS:
         raise bad("env", f"At most {MAX_ENV_VARS} environment variables.")
     payload = spec_payload_bytes(spec)
     if payload > MAX_JOB_PAYLOAD_BYTES:
@@ -206,18 +208,23 @@ def spec_validate(spec: JobSpec) -> JobSpec:
             )
     if spec.cpu_milli > 4_096_000 or spec.memory_mib > 64 * 1024 * 1024:
         raise bad("cpu_milli", "CPU and memory requests are beyond any node.")
-    for key, value in spec.env.items():
-        if not ENV_NAME.match(str(key)):
-            raise bad("env", f"'{key}' is not a valid environment variable name.")
-        if key in RESERVED_ENV:
-            raise bad("env", f"{key} is set by the platform; remove it.")
-        if not isinstance(value, str) or len(value) > 4096:
-            raise bad("env", f"The value of {key} must be a string of at most 4096 characters.")
+    for label, env in (("env", spec.env), ("secret_env", spec.secret_env)):
+        for key, value in env.items():
+            if not ENV_NAME.match(str(key)):
+                raise bad(label, f"'{key}' is not a valid environment variable name.")
+            if key in RESERVED_ENV:
+                raise bad(label, f"{key} is set by the platform; remove it.")
+            if not isinstance(value, str) or len(value) > 4096:
+                raise bad(label, f"The value of {key} must be a string of at most 4096 characters.")
+    both = sorted(set(spec.env) & set(spec.secret_env))
+    if both:
+        raise bad("secret_env", f"{', '.join(both)} is both plain and secret; keep one.")
     if len(spec.env) > 100:
         raise bad("env", "At most 100 environment variables.")
     for label, path in (("checkpoint_dir", spec.checkpoint_dir), ("working_dir", spec.working_dir)):
         if path and (not path.startswith("/") or len(path) > 500 or "\x00" in path):
             raise bad(label, f"{label} must be an absolute path of at most 500 characters.")
+    image_check(spec.image)
     if spec.shm_mib and not 0 < spec.shm_mib <= 1024 * 1024:
         raise bad("shm_mib", "Shared memory is at most 1 TiB.")
     if spec.gpu_models:
@@ -466,6 +473,7 @@ def job_from_spec(
         command=spec.command,
         image=spec.image,
         env=spec.env,
+        secret_env=spec.secret_env,
         working_dir=spec.working_dir,
         checkpoint_dir=spec.checkpoint_dir,
         gpus=spec.gpus,

@@ -276,12 +276,21 @@ class ModelAvailability:
     estimated_wait: str
 
 
+AVAILABILITY_KEY = "scheduler:model-availability"
+_COUNTS = ("total_gpus", "free_gpus", "queued_gpus", "estimated_wait")
+
+
 def model_availability() -> list[ModelAvailability]:
     """Per GPU model: GPUs in the fleet, whole GPUs free now, queued demand, and when a 1-GPU
     job of that model would start. Cached for a few seconds: the form polls it."""
-    cached: list[ModelAvailability] | None = cache.get("scheduler:model-availability")
-    if cached is not None:
-        return cached
+    cached = cache.get(AVAILABILITY_KEY)
+    if isinstance(cached, list):  # plain rows (the cache holds JSON): the models read anew
+        models = GpuModel.objects.in_bulk([row["model"] for row in cached])
+        return [
+            ModelAvailability(model=models[row["model"]], **{k: row[k] for k in _COUNTS})
+            for row in cached
+            if row["model"] in models
+        ]
     now = timezone.now()
     state = build_state(now=now)
     total: dict[str, int] = defaultdict(int)
@@ -319,5 +328,9 @@ def model_availability() -> list[ModelAvailability]:
                 estimated_wait=wait,
             )
         )
-    cache.set("scheduler:model-availability", out, timeout=5)
+    cache.set(
+        AVAILABILITY_KEY,
+        [{"model": a.model.pk, **{k: getattr(a, k) for k in _COUNTS}} for a in out],
+        timeout=5,
+    )
     return out

@@ -13,6 +13,27 @@ from scheduler.dependencies import dependencies_parse
 from scheduler.models import PRECISIONS, GpuModel, Job, Pool, PriorityClass
 
 
+def _env_lines(text: str) -> dict[str, str]:
+    """KEY=value lines as a dict (blank lines skipped)."""
+    env = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if "=" not in line:
+            raise forms.ValidationError(f"Line {n}: write KEY=value.")
+        key, value = line.split("=", 1)
+        env[key.strip()] = value
+    return env
+
+
+class WriteOnlyTextarea(forms.Textarea):
+    """A textarea that never renders its value: a form shown again with errors does not echo
+    the secrets typed into it (as PasswordInput does with render_value=False)."""
+
+    def format_value(self, value: Any) -> str | None:
+        return None
+
+
 class JobForm(forms.Form):
     project = forms.ModelChoiceField(queryset=Project.objects.none(), to_field_name="slug")
     name = forms.CharField(max_length=100)
@@ -32,6 +53,14 @@ class JobForm(forms.Form):
         required=False,
         empty_label="Any pool of our nodes",
         help_text="A Slurm-backed pool hands the job to its Slurm cluster.",
+    )
+    image = forms.CharField(
+        max_length=300,
+        required=False,
+        label="Image",
+        help_text="A curated image (listed) or any image from an allowed registry; blank: the "
+        "node's default image.",
+        widget=forms.TextInput(attrs={"list": "curated-images", "placeholder": "blank: default"}),
     )
     min_gpu_memory_gb = forms.IntegerField(
         min_value=0, max_value=1000, required=False, label="Min GPU memory (GB)"
@@ -99,6 +128,14 @@ class JobForm(forms.Form):
         label="Environment",
     )
 
+    secret_env = forms.CharField(
+        required=False,
+        widget=WriteOnlyTextarea(attrs={"rows": 2, "placeholder": "KEY=value, one per line"}),
+        label="Secret environment",
+        help_text="Write-only: never shown again (to you, your team or operators); sent only to "
+        "the node that runs the job.",
+    )
+
     def __init__(self, *args: Any, projects: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if projects is not None:
@@ -106,16 +143,10 @@ class JobForm(forms.Form):
         self.spec: JobSpec | None = None
 
     def clean_env(self) -> dict[str, str]:
-        text = self.cleaned_data.get("env") or ""
-        env = {}
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            if "=" not in line:
-                raise forms.ValidationError(f"Line {n}: write KEY=value.")
-            key, value = line.split("=", 1)
-            env[key.strip()] = value
-        return env
+        return _env_lines(self.cleaned_data.get("env") or "")
+
+    def clean_secret_env(self) -> dict[str, str]:
+        return _env_lines(self.cleaned_data.get("secret_env") or "")
 
     def clean_dependencies(self) -> tuple[tuple[str, int], ...]:
         try:
@@ -151,7 +182,9 @@ class JobForm(forms.Form):
             shard_count=data.get("shard_count") or 1,
             max_restarts=data.get("max_restarts") or 0,
             dependencies=data.get("dependencies") or (),
+            image=(data.get("image") or "").strip(),
             env=data.get("env") or {},
+            secret_env=data.get("secret_env") or {},
             source=Job.Source.FORM,
             pool=data.get("pool"),
         )

@@ -127,6 +127,7 @@ class Node(models.Model):
         DRAINING = "draining", "Draining"
         UNHEALTHY = "unhealthy", "Unhealthy"
         LOST = "lost", "Lost"
+        QUARANTINED = "quarantined", "Quarantined"
         RETIRED = "retired", "Retired"
 
     class Provider(models.TextChoices):
@@ -152,6 +153,17 @@ class Node(models.Model):
     memory_mib = models.PositiveIntegerField(help_text="Allocatable memory in MiB.")
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=16, blank=True)
+    registered_inventory = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The hardware the node first registered (or an operator approved since): "
+        "GPU slots with model and memory, CPU, memory. Another inventory quarantines it.",
+    )
+    pending_inventory = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="An inventory that differs from the registered one, awaiting an operator.",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -191,6 +203,10 @@ class Gpu(models.Model):
         help_text="Capacity is 1000 milli-GPU times this factor (time-slicing).",
     )
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    # The GPU's last fault (when it became unhealthy or its device was replaced) and when that
+    # fault was corroborated: usage is credited for a fault only once it is (docs/billing.md).
+    fault_at = models.DateTimeField(null=True, blank=True)
+    fault_corroborated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -267,6 +283,9 @@ ACTIVE_STATES = (
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
 
 
+SECRET_MASK = "********"  # what every page and API answer shows for a secret env value
+
+
 class Job(models.Model):
     """What a researcher asked for, and where it stands."""
 
@@ -292,6 +311,9 @@ class Job(models.Model):
         max_length=100, blank=True, help_text="The image's digest as the node ran it (sha256:…)."
     )
     env = models.JSONField(default=dict, blank=True)
+    # Write-only: shown masked to everyone (SECRET_MASK), sent only to the node that runs the job
+    # in its assignment (and to the Slurm batch script of a Slurm pool's job).
+    secret_env = models.JSONField(default=dict, blank=True)
     working_dir = models.CharField(max_length=500, blank=True)
     checkpoint_dir = models.CharField(max_length=500, blank=True)
 
@@ -364,6 +386,10 @@ class Job(models.Model):
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.CharField(max_length=500, blank=True)
+    # Bytes of output stored, and the log quota it reached (null: not truncated): the job page,
+    # the API and the CLI say that later output was not kept.
+    log_bytes = models.PositiveBigIntegerField(default=0)
+    log_quota_hit = models.PositiveBigIntegerField(null=True, blank=True)
     resume = models.BooleanField(default=False, help_text="Next start resumes from checkpoint.")
     preempt_deadline = models.DateTimeField(null=True, blank=True)
 
@@ -393,6 +419,27 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    @property
+    def secret_env_masked(self) -> dict[str, str]:
+        """The secret variables' names, their values masked: all anyone is ever shown."""
+        return {name: SECRET_MASK for name in sorted(self.secret_env)}
+
+    @property
+    def log_truncation_note(self) -> str:
+        """What the job page, the API and the CLI say when output was dropped ('' if none)."""
+        if self.log_quota_hit is None:
+            return ""
+        quota = self.log_quota_hit
+        size = next(
+            (
+                f"{quota / unit:g} {name}"
+                for name, unit in (("MiB", 1 << 20), ("KiB", 1 << 10))
+                if quota >= unit
+            ),
+            f"{quota} bytes",
+        )
+        return f"[log truncated: this job's output reached its log quota of {size}; later output was not kept]"
 
     @property
     def gpu_count(self) -> int:
@@ -486,6 +533,9 @@ class Allocation(models.Model):
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
+    # a GPU fault's end is credited only once the fault is corroborated (a later heartbeat
+    # still finds the GPU unhealthy, or an operator confirms it); a node's loss needs nothing
+    fault_corroborated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["started_at", "pk"]
@@ -661,6 +711,13 @@ class Quota(models.Model):
         help_text="Set by the project's owners, within the project's concurrent GPUs: what one "
         "member's queued and running jobs may ask for at once (blank: no cap).",
     )
+    log_quota_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1024)],
+        help_text="Output kept per job, in bytes (blank: the portal's default, "
+        "JOB_LOG_QUOTA_BYTES); later output is dropped and the job says so.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -750,3 +807,55 @@ class QuotaRequest(models.Model):
 
 # The Slurm execution backend's rows (pool settings, job links) live with it.
 from scheduler.backends.slurm.models import SlurmJob, SlurmPool  # noqa: E402,F401
+
+
+class AllowedRegistry(models.Model):
+    """A container registry jobs' images may come from, besides the IMAGE_REGISTRIES setting;
+    an image from any other is refused at submission, naming its registry. Operators curate
+    the list (the admin)."""
+
+    host = models.CharField(
+        max_length=253,
+        unique=True,
+        help_text="As an image reference names it: docker.io (the default), nvcr.io, "
+        "ghcr.io, registry.example.org:5000, localhost.",
+    )
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["host"]
+        verbose_name_plural = "allowed registries"
+
+    def __str__(self) -> str:
+        return self.host
+
+
+class CuratedImage(models.Model):
+    """An image operators offer in the submit form, with its CUDA and framework versions.
+    Warm nodes keep the active ones pulled (the heartbeat answer lists them), so a job's
+    start is not a cold pull."""
+
+    reference = models.CharField(
+        max_length=300, unique=True, help_text="e.g. nvcr.io/nvidia/pytorch:24.05-py3"
+    )
+    name = models.CharField(max_length=100)
+    cuda_version = models.CharField(max_length=16, blank=True)
+    framework = models.CharField(max_length=50, blank=True, help_text="e.g. PyTorch")
+    framework_version = models.CharField(max_length=32, blank=True)
+    is_active = models.BooleanField(default=True, help_text="Shown in the form and kept pulled.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """What the form shows: name, CUDA and framework versions."""
+        parts = [self.name]
+        if self.cuda_version:
+            parts.append(f"CUDA {self.cuda_version}")
+        if self.framework:
+            parts.append(f"{self.framework} {self.framework_version}".strip())
+        return " · ".join(parts)

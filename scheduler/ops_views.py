@@ -19,7 +19,7 @@ from portal.htmx import render_partial_or_page
 from portal.models import User
 from scheduler.core.reasons import PendingReason
 from scheduler.models import Autoscaler, Gpu, Job, JobState, Node, Pool
-from scheduler.nodes import loss_storm, node_set_state
+from scheduler.nodes import loss_storm, node_faults_confirm, node_set_state
 from scheduler.selectors import latest_telemetry
 
 
@@ -102,8 +102,27 @@ def node_actions(node: Node) -> list[tuple[str, str, str]]:
             ("retire", "Retire", "It leaves the fleet for good."),
         ],
         Node.State.LOST: [("retire", "Retire", "It leaves the fleet for good.")],
+        Node.State.QUARANTINED: [
+            (
+                "approve_inventory",
+                "Approve inventory",
+                "Its new hardware is applied and it takes work again: check the hardware first.",
+            ),
+            ("retire", "Retire", "It leaves the fleet for good."),
+        ],
     }
     actions = list(options.get(node.state, []))
+    if (
+        node.state != Node.State.RETIRED
+        and node.gpus.filter(fault_at__isnull=False, fault_corroborated_at__isnull=True).exists()
+    ):
+        actions.append(
+            (
+                "confirm_faults",
+                "Confirm GPU faults",
+                "You checked the hardware: the work its faults ended is credited to the users.",
+            )
+        )
     if node.state == Node.State.READY and node.gpus.filter(health=Gpu.Health.UNHEALTHY).exists():
         actions.append(
             ("reset_health", "Reset GPU health", "Mark its GPUs healthy after you checked them.")
@@ -120,9 +139,11 @@ def node_action(request: HttpRequest, node_id: int, action: str) -> HttpResponse
         return redirect("ops-node-detail", node_id=node.pk)
     try:
         user: User = request.user  # type: ignore[assignment]
-        node_set_state(
-            actor=user, node=node, action=action, remote_addr=request.META.get("REMOTE_ADDR")
-        )
+        remote_addr = request.META.get("REMOTE_ADDR")
+        if action == "confirm_faults":
+            node_faults_confirm(actor=user, node=node, remote_addr=remote_addr)
+        else:
+            node_set_state(actor=user, node=node, action=action, remote_addr=remote_addr)
         messages.success(request, f"{node.name}: {action.replace('_', ' ')} done.")
     except DomainError as exc:
         messages.error(request, exc.message)

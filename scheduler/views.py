@@ -22,6 +22,7 @@ from scheduler.admission import job_cancel, job_submit
 from scheduler.dependencies import array_retry_failed, array_view, is_array_root
 from scheduler.estimates import job_dry_run, model_availability
 from scheduler.forms import DecisionForm, JobForm, OwnerLimitsForm, QuotaRequestForm
+from scheduler.images import curated_image_list
 from scheduler.manifests import job_manifest_yaml
 from scheduler.models import PRECISIONS, JobState, LogChunk
 from scheduler.ops_views import staff_required
@@ -108,7 +109,12 @@ def job_new(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "scheduler/job_form.html",
-        {"form": form, "availability": model_availability(), "no_projects": not projects.exists()},
+        {
+            "form": form,
+            "availability": model_availability(),
+            "no_projects": not projects.exists(),
+            "curated_images": curated_image_list(),
+        },
         status=status,
     )
 

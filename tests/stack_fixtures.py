@@ -79,8 +79,22 @@ class Agents:
             self.stop(name)
 
 
+# These agents heartbeat every 1 s and poll every 0.3 s (AGENT_HEARTBEAT_INTERVAL,
+# AGENT_POLL_INTERVAL above), faster than the intervals the portal gives agents: their per-node
+# allowance is what they need, times the same margin (config/settings/base.py).
+FAST_AGENT_RATES = {
+    "RATE_AGENT_HEARTBEAT": f"{60 * 4}/min",
+    "RATE_AGENT": f"{int(2 * 60 / 0.3) * 4}/min",
+}
+
+
 @pytest.fixture
-def agents(live_server) -> Iterator[Agents]:
+def agents(live_server, monkeypatch) -> Iterator[Agents]:
+    from scheduler.agent_api.views import AgentThrottle
+
+    rates = AgentThrottle.THROTTLE_RATES  # DRF's, shared by every throttle class
+    monkeypatch.setitem(rates, "agent_heartbeat", FAST_AGENT_RATES["RATE_AGENT_HEARTBEAT"])
+    monkeypatch.setitem(rates, "agent", FAST_AGENT_RATES["RATE_AGENT"])
     with tempfile.TemporaryDirectory(prefix="agents-") as tmp:
         pool = Agents(live_server.url, Path(tmp))
         try:
@@ -137,6 +151,7 @@ class Web:
             **os.environ,
             "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
             "DJANGO_SETTINGS_MODULE": "config.settings.test",
+            **FAST_AGENT_RATES,
             **env,
         }
         self.log = log

@@ -106,6 +106,10 @@ class Runtime:
     def describe(self) -> str:
         return self.name
 
+    def keep_pulled(self, images: list[str]) -> None:
+        """Have these images on the node before a job asks for them (the portal's curated
+        images, told in each heartbeat answer); nothing to do without a container engine."""
+
 
 def prepare_dir(path: Path, uid: int | None, *, mode: int = 0o700) -> None:
     """Create a job's directory, owned by the job's uid and closed to every other job."""

@@ -41,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from agent.runtime.base import (
@@ -128,6 +129,8 @@ class ContainerRuntime(Runtime):
         self.mps = mps
         self.state_dir: Path | None = None  # the runner sets it: where env files are written
         self.cgroup_root = CGROUP_ROOT
+        self._pulled: set[str] = set()  # curated images known to be on the node
+        self._puller: threading.Thread | None = None
         self.ulimits = [
             _ulimit("nofile", resource.RLIMIT_NOFILE, 65536),
             _ulimit("nproc", resource.RLIMIT_NPROC, pids_limit),  # per uid: one job
@@ -192,6 +195,34 @@ class ContainerRuntime(Runtime):
         if digest.startswith("sha256:") and digest != "sha256:":
             return digest
         return f"sha256:{image_id}" if image_id and ":" not in image_id else image_id
+
+    # -- warm images ---------------------------------------------------------------------------
+
+    def keep_pulled(self, images: list[str]) -> None:
+        """Pull the curated images this node lacks, in the background and one at a time, so
+        that a job's start is never a cold pull (jobs run with --pull=never)."""
+        wanted = [image for image in images if image not in self._pulled]
+        if not wanted or (self._puller is not None and self._puller.is_alive()):
+            return
+        self._puller = threading.Thread(
+            target=self.pull_missing, args=(wanted,), name="image-puller", daemon=True
+        )
+        self._puller.start()
+
+    def pull_missing(self, images: list[str]) -> list[str]:
+        """Pull each image the node does not have; the images it has afterwards."""
+        for image in images:
+            try:
+                if self._podman("image", "exists", image).returncode != 0:
+                    log.info("pulling curated image %s", image)
+                    done = self._podman("pull", "--quiet", image, timeout=3600)
+                    if done.returncode != 0:
+                        log.warning("could not pull %s: %s", image, done.stderr.strip()[-300:])
+                        continue
+                self._pulled.add(image)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("could not pull %s: %s", image, exc)
+        return sorted(self._pulled & set(images))
 
     @staticmethod
     def container_name(job_id: int, attempt: int) -> str:

@@ -62,6 +62,12 @@ def usage_fault_credit(*, alloc: Allocation, account_id: int) -> list[Adjustment
         actor=None,
         action="billing.usage.fault_credit",
         target=alloc,
-        data={"end_reason": alloc.end_reason, "job": alloc.job_id},
+        data={
+            "end_reason": alloc.end_reason,
+            "job": alloc.job_id,
+            "corroborated_at": alloc.fault_corroborated_at.isoformat()
+            if alloc.fault_corroborated_at
+            else None,
+        },
     )
     return adjustments

@@ -54,7 +54,16 @@ def usage_meter(
     table = PriceTable.load()
     qs = (
         Allocation.objects.filter(started_at__lt=now)
-        .filter(Q(meter__isnull=True) | Q(meter__done=False))
+        .filter(
+            Q(meter__isnull=True)
+            | Q(meter__done=False)
+            # metered before its GPU fault was corroborated: credited now
+            | Q(
+                meter__fault_credited=False,
+                end_reason=pricing.GPU_FAULT,
+                fault_corroborated_at__isnull=False,
+            )
+        )
         .select_related("job", "gpu", "meter")
         .order_by("pk")
     )
@@ -147,6 +156,7 @@ def _meter_batch(
             end_reason=alloc.end_reason,
             preemptible=tier == Tier.PREEMPTIBLE,
             has_checkpoint=bool(alloc.job.checkpoint_dir),
+            corroborated=alloc.fault_corroborated_at is not None,
         )
         if credited and alloc.end_reason == Allocation.EndReason.PREEMPTED:
             credited = not stopped_by_budget_cap(alloc)  # the customer's cap, not a fault

@@ -102,6 +102,16 @@ JOB_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--checkpoint-dir", "checkpoint_dir", {}),
     ("--working-dir", "working_dir", {}),
     ("--env", "env", {"action": "append", "type": _env_pair, "metavar": "NAME=VALUE"}),
+    (
+        "--secret-env",
+        "secret_env",
+        {
+            "action": "append",
+            "type": _env_pair,
+            "metavar": "NAME=VALUE",
+            "help": "write-only: shown masked, sent only to the node that runs the job",
+        },
+    ),
     ("--max-restarts", "max_restarts", {"type": int}),
     ("--elastic-min", "elastic_min", {"type": int}),
     ("--elastic-max", "elastic_max", {"type": int}),
@@ -126,7 +136,7 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
     for flag, field, _ in JOB_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
-            if field == "env":
+            if field in ("env", "secret_env"):
                 value = dict(value)
             elif field == "dependencies":
                 value = [d for given in value for d in given]
@@ -306,6 +316,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         after = chunk.get("last") or after
         if not args.follow or chunk.get("state") in ENDED:
+            if chunk.get("note"):
+                print(chunk["note"], file=sys.stderr)  # output past the log quota was dropped
             if args.follow:
                 print(f"[job {args.job} {chunk.get('state')}]", file=sys.stderr)
             return 0

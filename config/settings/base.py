@@ -1,5 +1,6 @@
 """Settings shared by every environment, read from the environment with django-environ."""
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,7 @@ REST_FRAMEWORK = {
         "user": env("RATE_USER", default="6000/min"),
         "submit": env("RATE_SUBMIT", default="1200/min"),
         "dry_run": env("RATE_DRY_RUN", default="120/min"),
-        "agent": env("RATE_AGENT", default="6000/min"),
+        # "agent", "agent_heartbeat", "agent_logs": set below, from the agents' intervals
     },
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
@@ -309,6 +310,35 @@ NODE_EVICTION_UNHEALTHY_THRESHOLD = env.float("NODE_EVICTION_UNHEALTHY_THRESHOLD
 NODE_EVICTION_MIN_UNHEALTHY = env.int("NODE_EVICTION_MIN_UNHEALTHY", default=3)
 NODE_EVICTION_LARGE_POOL = env.int("NODE_EVICTION_LARGE_POOL", default=50)
 AGENT_POLL_SECONDS = env.float("AGENT_POLL_SECONDS", default=2.0)
+# The agent throttle, per node: what an agent needs at the intervals the portal gives it, times
+# AGENT_RATE_MARGIN. A heartbeat every NODE_HEARTBEAT_SECONDS; a sync every AGENT_POLL_SECONDS
+# and at most one more per poll for the starts it led to (exits, register and the old
+# one-per-report endpoints fit in the margin). Log chunks have their own window, so output can
+# never throttle a heartbeat away; they are bounded per job by the log quota as well.
+AGENT_RATE_MARGIN = env.float("AGENT_RATE_MARGIN", default=4.0)
+AGENT_HEARTBEATS_PER_MIN = 60 / max(NODE_HEARTBEAT_SECONDS, 0.05)
+AGENT_SYNCS_PER_MIN = 2 * 60 / max(AGENT_POLL_SECONDS, 0.05)
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"].update(  # type: ignore[attr-defined]
+    {
+        "agent": env(
+            "RATE_AGENT", default=f"{math.ceil(AGENT_SYNCS_PER_MIN * AGENT_RATE_MARGIN)}/min"
+        ),
+        "agent_heartbeat": env(
+            "RATE_AGENT_HEARTBEAT",
+            default=f"{math.ceil(AGENT_HEARTBEATS_PER_MIN * AGENT_RATE_MARGIN)}/min",
+        ),
+        "agent_logs": env("RATE_AGENT_LOGS", default="1200/min"),
+    }
+)
+# A GPU fault is credited once a sample this much later still finds the GPU unhealthy (or an
+# operator confirms it): one forged XID in one heartbeat credits nothing.
+GPU_FAULT_CORROBORATION_SECONDS = env.float("GPU_FAULT_CORROBORATION_SECONDS", default=30.0)
+# Registries jobs' images may come from, besides those operators add (scheduler.AllowedRegistry).
+IMAGE_REGISTRIES = env.list(
+    "IMAGE_REGISTRIES", default=["docker.io", "ghcr.io", "localhost", "nvcr.io", "registry.k8s.io"]
+)
+# Output kept per job unless its project's quota says otherwise (Quota.log_quota_bytes).
+JOB_LOG_QUOTA_BYTES = env.int("JOB_LOG_QUOTA_BYTES", default=16 * 1024 * 1024)
 SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)
 
 CELERY_TASK_ROUTES = {

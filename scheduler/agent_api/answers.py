@@ -18,6 +18,11 @@ class RegisterAnswer(serializers.Serializer):  # type: ignore[type-arg]
 class HeartbeatAnswer(serializers.Serializer):  # type: ignore[type-arg]
     ok = serializers.BooleanField()
     fenced = serializers.BooleanField()
+    images = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="The curated images the node keeps pulled (it pulls the ones it lacks).",
+    )
 
 
 class Assignment(serializers.Serializer):  # type: ignore[type-arg]

@@ -17,7 +17,10 @@ from __future__ import annotations
 import re
 from typing import Any, TypeGuard
 
+from agent.protocol import MAX_HEARTBEAT_RUNNING, MAX_HEARTBEAT_SAMPLES, MAX_SAMPLE_PROCESSES
 from scheduler.agent_api.serializers import (
+    INT32_MAX,
+    INT64_MAX,
     ProcessSerializer,
     RunningSerializer,
     TelemetrySerializer,
@@ -45,7 +48,6 @@ def idle_sync(data: Any) -> dict[str, Any] | None:
     return parsed
 
 
-_INT64_MAX = 2**63 - 1
 _NUMBER_RANGES = {"utilization": (0, 100), "temperature_c": (-50, 200), "power_w": (0, 5000)}
 _TELEMETRY_FIELDS = frozenset(TelemetrySerializer._declared_fields)
 _RUNNING_FIELDS = frozenset(RunningSerializer._declared_fields)
@@ -53,7 +55,7 @@ _PROCESS_FIELDS = frozenset(ProcessSerializer._declared_fields)
 
 
 def _count(value: Any) -> TypeGuard[int]:
-    return type(value) is int and 0 <= value <= _INT64_MAX
+    return type(value) is int and 0 <= value <= INT64_MAX
 
 
 def _plain_text(value: Any, max_length: int, *, blank: bool) -> bool:
@@ -105,7 +107,10 @@ def _plain_telemetry(record: Any) -> dict[str, Any] | None:
         out["throttle_reasons"] = list(reasons)
     if "processes" in record:
         processes = []
-        for process in record["processes"] if type(record["processes"]) is list else [None]:
+        listed = record["processes"]
+        if type(listed) is list and len(listed) > MAX_SAMPLE_PROCESSES:
+            return None
+        for process in listed if type(listed) is list else [None]:
             if type(process) is not dict or not process.keys() <= _PROCESS_FIELDS:
                 return None
             if not _count(process.get("pid")):
@@ -134,9 +139,9 @@ def plain_heartbeat(data: Any) -> dict[str, Any] | None:
     if type(data) is not dict or data.keys() != {"telemetry", "running"}:
         return None
     telemetry, running = data["telemetry"], data["running"]
-    if type(telemetry) is not list or len(telemetry) > 2048:
+    if type(telemetry) is not list or len(telemetry) > MAX_HEARTBEAT_SAMPLES:
         return None
-    if type(running) is not list or len(running) > 1000:
+    if type(running) is not list or len(running) > MAX_HEARTBEAT_RUNNING:
         return None
     samples = []
     for record in telemetry:
@@ -149,7 +154,7 @@ def plain_heartbeat(data: Any) -> dict[str, Any] | None:
         if type(entry) is not dict or not entry.keys() <= _RUNNING_FIELDS:
             return None
         job_id, attempt, pid = entry.get("job_id"), entry.get("attempt"), entry.get("pid", 0)
-        if not (_count(job_id) and job_id >= 1 and _count(attempt)):
+        if not (_count(job_id) and job_id >= 1 and _count(attempt) and attempt <= INT32_MAX):
             return None
         if pid is not None and not _count(pid):
             return None

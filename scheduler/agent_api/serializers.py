@@ -12,7 +12,21 @@ from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_fiel
 from rest_framework import serializers
 
 from agent.protocol import EXIT_REASONS as PROTOCOL_EXIT_REASONS
+from agent.protocol import MAX_HEARTBEAT_RUNNING, MAX_HEARTBEAT_SAMPLES, MAX_SAMPLE_PROCESSES
 from portal.api.serializers import StrictSerializer
+
+# Every count the agent sends fits the database's bigint: a larger one (a job id beyond 64
+# bits) is a 400 naming the field, never a 500 from the database. `fastparse` uses the same.
+# Attempts and log sequence numbers are stored as integers (PositiveIntegerField).
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
+
+def count_field(
+    *, min_value: int = 0, max_value: int = INT64_MAX, **kwargs: Any
+) -> serializers.IntegerField:
+    """An integer from `min_value` up to the largest bigint (or `max_value`)."""
+    return serializers.IntegerField(min_value=min_value, max_value=max_value, **kwargs)
 
 
 class GpuInventorySerializer(StrictSerializer):
@@ -39,8 +53,8 @@ class RegisterSerializer(StrictSerializer):
 
 
 class ProcessSerializer(StrictSerializer):
-    pid = serializers.IntegerField(min_value=0)
-    used_memory_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    pid = count_field(min_value=0)
+    used_memory_mib = count_field(min_value=0, allow_null=True, required=False)
 
 
 class NumberField(serializers.FloatField):
@@ -56,33 +70,33 @@ class NumberField(serializers.FloatField):
 class TelemetrySerializer(StrictSerializer):
     uuid = serializers.CharField(max_length=64, trim_whitespace=False)  # as NVML reports it
     utilization = NumberField(min_value=0, max_value=100, allow_null=True, required=False)
-    memory_used_mib = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    memory_used_mib = count_field(min_value=0, allow_null=True, required=False)
     temperature_c = NumberField(min_value=-50, max_value=200, allow_null=True, required=False)
     power_w = NumberField(min_value=0, max_value=5000, allow_null=True, required=False)
-    ecc_uncorrected = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    ecc_uncorrected = count_field(min_value=0, allow_null=True, required=False)
     row_remap_pending = serializers.BooleanField(allow_null=True, required=False)
     xid_events = serializers.ListField(
-        child=serializers.IntegerField(min_value=0), max_length=100, required=False
+        child=count_field(min_value=0), max_length=100, required=False
     )
     throttle_reasons = serializers.ListField(
         child=serializers.CharField(max_length=64, allow_blank=True), max_length=32, required=False
     )
-    processes = ProcessSerializer(many=True, required=False)
+    processes = ProcessSerializer(many=True, required=False, max_length=MAX_SAMPLE_PROCESSES)  # type: ignore[call-arg]
     lost = serializers.BooleanField(default=False)
     # seconds before this heartbeat the sample was taken (agents batch 1 Hz samples)
     age_s = NumberField(min_value=0, max_value=600, required=False)
 
 
 class RunningSerializer(StrictSerializer):
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=0)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    job_id = count_field(min_value=1)
+    attempt = count_field(min_value=0, max_value=INT32_MAX)
+    pid = count_field(min_value=0, allow_null=True, required=False)
 
 
 class HeartbeatSerializer(StrictSerializer):
-    # up to 64 GPUs × 32 sampled instants
-    telemetry = TelemetrySerializer(many=True, max_length=2048)  # type: ignore[call-arg]
-    running = RunningSerializer(many=True, max_length=1000)  # type: ignore[call-arg]
+    # bounded by the protocol: a heartbeat's cost to the portal has a ceiling
+    telemetry = TelemetrySerializer(many=True, max_length=MAX_HEARTBEAT_SAMPLES)  # type: ignore[call-arg]
+    running = RunningSerializer(many=True, max_length=MAX_HEARTBEAT_RUNNING)  # type: ignore[call-arg]
 
 
 EXIT_REASONS = list(PROTOCOL_EXIT_REASONS)
@@ -90,14 +104,14 @@ DIGEST = r"^[A-Za-z0-9_+.-]{1,32}:[0-9a-fA-F]{32,128}$"
 
 
 class StartedSerializer(StrictSerializer):
-    attempt = serializers.IntegerField(min_value=1)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    attempt = count_field(min_value=1, max_value=INT32_MAX)
+    pid = count_field(min_value=0, allow_null=True, required=False)
     image_digest = serializers.RegexField(DIGEST, required=False)
     message = serializers.CharField(max_length=2000, allow_blank=True, default="")
 
 
 class ExitedSerializer(StrictSerializer):
-    attempt = serializers.IntegerField(min_value=1)
+    attempt = count_field(min_value=1, max_value=INT32_MAX)
     exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
     signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
     reason = serializers.ChoiceField(choices=EXIT_REASONS)
@@ -105,8 +119,8 @@ class ExitedSerializer(StrictSerializer):
 
 
 class LogSerializer(StrictSerializer):
-    attempt = serializers.IntegerField(min_value=1)
-    seq = serializers.IntegerField(min_value=0)
+    attempt = count_field(min_value=1, max_value=INT32_MAX)
+    seq = count_field(min_value=0, max_value=INT32_MAX)
     stream = serializers.ChoiceField(choices=["stdout", "stderr"])
     text = serializers.CharField(max_length=256 * 1024, allow_blank=True, trim_whitespace=False)
 
@@ -115,9 +129,9 @@ class SyncStartedReport(StrictSerializer):
     """What the schema says of a started report (parsing is `SyncReportSerializer`)."""
 
     kind = serializers.ChoiceField(choices=["started"])
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    job_id = count_field(min_value=1)
+    attempt = count_field(min_value=1, max_value=INT32_MAX)
+    pid = count_field(min_value=0, allow_null=True, required=False)
     image_digest = serializers.RegexField(DIGEST, required=False)
     message = serializers.CharField(max_length=2000, allow_blank=True, default="")
 
@@ -126,8 +140,8 @@ class SyncExitedReport(StrictSerializer):
     """What the schema says of an exited report: exit_code and reason are required."""
 
     kind = serializers.ChoiceField(choices=["exited"])
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
+    job_id = count_field(min_value=1)
+    attempt = count_field(min_value=1, max_value=INT32_MAX)
     exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True)
     signal = serializers.IntegerField(min_value=0, max_value=128, allow_null=True, required=False)
     reason = serializers.ChoiceField(choices=EXIT_REASONS)
@@ -148,9 +162,9 @@ class SyncReportList(serializers.ListSerializer):  # type: ignore[type-arg]
 
 class SyncReportSerializer(StrictSerializer):
     kind = serializers.ChoiceField(choices=["started", "exited"])
-    job_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
-    pid = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    job_id = count_field(min_value=1)
+    attempt = count_field(min_value=1, max_value=INT32_MAX)
+    pid = count_field(min_value=0, allow_null=True, required=False)
     image_digest = serializers.RegexField(DIGEST, required=False)
     exit_code = serializers.IntegerField(
         min_value=-255, max_value=255, allow_null=True, required=False

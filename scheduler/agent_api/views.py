@@ -22,6 +22,7 @@ from portal.ratelimit import FixedWindowMixin
 from scheduler import dispatch, nodes
 from scheduler.agent_api import answers, fastparse, gate
 from scheduler.agent_api.serializers import (
+    INT64_MAX,
     ExitedSerializer,
     HeartbeatSerializer,
     LogSerializer,
@@ -29,6 +30,7 @@ from scheduler.agent_api.serializers import (
     StartedSerializer,
     SyncSerializer,
 )
+from scheduler.images import images_to_keep_pulled
 from scheduler.models import Node
 
 
@@ -74,7 +76,12 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).decode("latin-1").split()
         if len(header) != 2 or header[0] != "Bearer":
             raise exceptions.NotAuthenticated("Send 'Authorization: Bearer <node token>'.")
-        found = gate.agent_lookup(header[1], throttle=AgentThrottle().window())
+        view = (request.parser_context or {}).get("view")
+        throttle = next(
+            (t for t in getattr(view, "throttle_classes", ()) if issubclass(t, AgentThrottle)),
+            AgentThrottle,
+        )
+        found = gate.agent_lookup(header[1], throttle=throttle().window())
         if found is None:
             raise exceptions.AuthenticationFailed("Unknown or retired node token.")
         return AgentPrincipal(found), None
@@ -97,8 +104,11 @@ class IsAgent(permissions.BasePermission):
 
 
 class AgentThrottle(FixedWindowMixin):
-    """Per node: a runaway agent cannot flood the portal.
+    """Per node and kind of request: a runaway agent (or a stolen token) cannot flood the portal.
 
+    Syncs and the other reports count in `agent`, heartbeats in `agent_heartbeat`, log chunks
+    in `agent_logs`: each rate is what an agent needs with a margin (the settings say how
+    much), and a burst of log chunks cannot starve the heartbeats that keep a node alive.
     The hit is counted during authentication, in the round trip that looks up the token
     (`gate.agent_lookup`, with `window()`); here it is only compared with the limit.
     """
@@ -122,7 +132,18 @@ class AgentThrottle(FixedWindowMixin):
         return user.lookup.throttle_hits <= self.num_requests
 
 
+class AgentHeartbeatThrottle(AgentThrottle):
+    scope = "agent_heartbeat"
+
+
+class AgentLogsThrottle(AgentThrottle):
+    scope = "agent_logs"
+
+
 class AgentView(APIView):
+    """Every agent endpoint: a node token, JSON, the node's throttle; a job id in the path
+    beyond the database's bigint names no job (404, not a 500)."""
+
     schema = PortalAutoSchema()
     parser_classes = [StrictJSONParser]  # agents speak JSON; the schema says only that
     authentication_classes = [NodeTokenAuthentication]
@@ -133,6 +154,11 @@ class AgentView(APIView):
     def node(self) -> Node:
         node: Node = self.request.user.node  # type: ignore[union-attr]
         return node
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        if kwargs.get("job_id", 0) > INT64_MAX:
+            raise exceptions.NotFound("No such job.")
 
 
 def _parse(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -158,13 +184,15 @@ class RegisterView(AgentView):
 
 
 class HeartbeatView(AgentView):
+    throttle_classes = [AgentHeartbeatThrottle]
+
     @extend_schema(request=HeartbeatSerializer, responses={200: answers.HeartbeatAnswer})
     def post(self, request: Request) -> Response:
         data = fastparse.plain_heartbeat(request.data) or _parse(HeartbeatSerializer, request)
         node = nodes.node_heartbeat(
             node=self.node, telemetry=data["telemetry"], running=data["running"]
         )
-        return Response({"ok": True, "fenced": node.fenced})
+        return Response({"ok": True, "fenced": node.fenced, "images": images_to_keep_pulled()})
 
 
 class AssignmentsView(AgentView):
@@ -247,6 +275,8 @@ class JobExitedView(AgentView):
 
 
 class JobLogsView(AgentView):
+    throttle_classes = [AgentLogsThrottle]
+
     @extend_schema(
         request=LogSerializer, responses={201: answers.LogsAnswer, 200: answers.LogsAnswer}
     )

@@ -135,6 +135,13 @@ class JobCreateSerializer(StrictSerializer):
     env = serializers.DictField(
         child=serializers.CharField(max_length=4096, allow_blank=True), default=dict
     )
+    secret_env = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True),
+        default=dict,
+        write_only=True,
+        help_text="Write-only: answered masked (names only) to everyone, staff included, and "
+        "sent only to the node that runs the job.",
+    )
     max_restarts = serializers.IntegerField(min_value=0, max_value=10, default=0)
     elastic_min = serializers.IntegerField(
         min_value=1, max_value=4096, required=False, allow_null=True
@@ -308,6 +315,11 @@ class JobDependencyOutSerializer(serializers.Serializer):  # type: ignore[type-a
 
 class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(read_only=True)
+    secret_env = serializers.DictField(
+        source="secret_env_masked",
+        read_only=True,
+        help_text="The secret variables' names; every value is masked.",
+    )
     placement = serializers.SerializerMethodField()
     cost = serializers.SerializerMethodField()
     dependencies = serializers.SerializerMethodField()
@@ -316,6 +328,7 @@ class JobDetailSerializer(JobSerializer):
         fields = [
             *JobSerializer.Meta.fields,
             "env",
+            "secret_env",
             "working_dir",
             "placement",
             "cost",
@@ -668,4 +681,13 @@ class JobViewSet(
                 {"after": ["A whole number: the last chunk id you have."]}
             )
         text, last = selectors.job_log_text(job, after_id=after)
-        return Response({"text": text, "last": last, "state": job.state})
+        return Response(
+            {
+                "text": text,
+                "last": last,
+                "state": job.state,
+                # output past the log quota was dropped: say so (empty when nothing was)
+                "truncated": job.log_quota_hit is not None,
+                "note": job.log_truncation_note,
+            }
+        )

@@ -32,8 +32,11 @@ def job_manifest(job: Job) -> dict[str, Any]:
         container["image"] = job.image
     if job.working_dir:
         container["workingDir"] = job.working_dir
-    if job.env:
-        container["env"] = [{"name": k, "value": v} for k, v in sorted(job.env.items())]
+    if job.env or job.secret_env:
+        # secret values are never shown: the manifest names them with the mask
+        container["env"] = [
+            {"name": k, "value": v} for k, v in sorted({**job.env, **job.secret_env_masked}.items())
+        ]
     limits: dict[str, Any] = {GPU: job.gpus_per_node if job.nodes else job.gpus}
     if job.cpu_milli:
         limits["cpu"] = cpu_quantity(job.cpu_milli)

@@ -14,9 +14,13 @@
 
 from scheduler.nodes.assignments import assignments_for
 from scheduler.nodes.heartbeat import TELEMETRY_TTL_S, node_heartbeat
-from scheduler.nodes.inventory import gpu_model_for_product, node_register
+from scheduler.nodes.inventory import (
+    gpu_model_for_product,
+    node_inventory_approve,
+    node_register,
+)
 from scheduler.nodes.loss import LOSS_HELD_KEY, loss_storm, lost_nodes_sweep
-from scheduler.nodes.operator import node_set_state
+from scheduler.nodes.operator import node_faults_confirm, node_set_state
 from scheduler.nodes.reports import (
     ExitReport,
     agent_reports_apply,
@@ -54,9 +58,11 @@ __all__ = [
     "jobs_started",
     "loss_storm",
     "lost_nodes_sweep",
+    "node_faults_confirm",
     "node_for_agent_token_hash",
     "node_heartbeat",
     "node_id_for_agent_token",
+    "node_inventory_approve",
     "node_issue_agent_token",
     "node_register",
     "node_set_state",

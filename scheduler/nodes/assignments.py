@@ -25,6 +25,7 @@ class AssignedRow(NamedTuple):
     state: str
     command: str
     env: dict[str, Any]
+    secret_env: dict[str, Any]
     checkpoint_dir: str
     resume: bool
     shard_index: int | None
@@ -61,6 +62,7 @@ _ASSIGNED = CompiledQuery(
             "job__state",
             "job__command",
             "job__env",
+            "job__secret_env",
             "job__checkpoint_dir",
             "job__resume",
             "job__shard_index",
@@ -89,7 +91,8 @@ def assignments_for(node: Node) -> list[AssignmentMessage]:
     out: list[AssignmentMessage] = []
     for job_id, rows in by_job.items():
         first = rows[0]
-        env = {str(k): str(v) for k, v in first.env.items()}
+        # the job's secret values reach only this node, the one that runs it
+        env = {str(k): str(v) for k, v in {**first.env, **(first.secret_env or {})}.items()}
         env["JOB_ID"] = str(job_id)
         if first.checkpoint_dir:
             env["CHECKPOINT_DIR"] = first.checkpoint_dir

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
-from scheduler.models import Allocation, Job, JobState
+from portal.audit import audit_record
+from portal.models import User
+from scheduler.models import Allocation, Gpu, Job, JobState, NodeEvent
 from scheduler.transitions import job_transition
 
 MAX_FAULT_RESTARTS = 10  # a job requeued this often after faults fails instead of looping
@@ -47,3 +51,48 @@ def requeue_after_fault(job: Job, why: str, *, end_reason: str, actor: str) -> N
             actor_label=actor,
             update_fields=("failure_reason",),
         )
+
+
+def gpu_fault_record(gpu: Gpu, *, at: datetime) -> None:
+    """A new fault on `gpu` (it became unhealthy, or its device was replaced): not yet
+    corroborated, so the work it ends is not credited yet. The caller saves the GPU."""
+    gpu.fault_at, gpu.fault_corroborated_at = at, None
+
+
+def gpu_fault_corroborate(
+    gpu: Gpu, *, how: str, actor: User | None = None, remote_addr: str | None = None
+) -> int:
+    """Corroborate the GPU's open fault: the attempts it ended (on every GPU they held) become
+    creditable, which billing's metering then credits. Returns the allocations corroborated;
+    audited, with how it was corroborated (`heartbeat` or `operator`)."""
+    if gpu.fault_at is None or gpu.fault_corroborated_at is not None:
+        return 0
+    now = timezone.now()
+    gpu.fault_corroborated_at = now
+    gpu.save(update_fields=["fault_corroborated_at"])
+    hit = Allocation.objects.filter(
+        gpu=gpu, end_reason=Allocation.EndReason.GPU_FAULT, ended_at__gte=gpu.fault_at
+    ).values_list("job_id", "attempt")
+    total = 0
+    for job_id, attempt in set(hit):
+        total += Allocation.objects.filter(
+            job_id=job_id,
+            attempt=attempt,
+            end_reason=Allocation.EndReason.GPU_FAULT,
+            fault_corroborated_at__isnull=True,
+        ).update(fault_corroborated_at=now)
+    NodeEvent.objects.create(
+        node_id=gpu.node_id,
+        gpu=gpu,
+        kind="gpu_fault_corroborated",
+        message=f"GPU {gpu.index}'s fault corroborated ({how}); "
+        f"{total} allocation(s) it ended may be credited",
+    )
+    audit_record(
+        actor=actor,
+        action="gpu.fault_corroborated",
+        target=gpu,
+        data={"how": how, "fault_at": gpu.fault_at.isoformat(), "allocations": total},
+        remote_addr=remote_addr,
+    )
+    return total

@@ -3,16 +3,31 @@ work off an unhealthy GPU, and mark the node unhealthy when none of its GPUs is 
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
 from portal.audit import audit_record
 from scheduler import health
 from scheduler.models import Allocation, Gpu, JobState, Node, NodeEvent
-from scheduler.nodes.faults import jobs_holding, requeue_after_fault
+from scheduler.nodes.faults import (
+    gpu_fault_corroborate,
+    gpu_fault_record,
+    jobs_holding,
+    requeue_after_fault,
+)
 from scheduler.nodes.states import node_transition
 from scheduler.transitions import job_transition
 
 
-def gpu_health_apply(node: Node, gpu: Gpu, assessment: health.Assessment) -> None:
-    """Act on one GPU's assessment: mark it, move its work, record and alert."""
+def gpu_health_apply(
+    node: Node, gpu: Gpu, assessment: health.Assessment, *, at: datetime, received: datetime
+) -> None:
+    """Act on one GPU's assessment of a sample taken `at` (in a heartbeat `received` then):
+    mark it, move its work, record and alert. A fault is recorded when the heartbeat that
+    reported it arrived; it is corroborated by a sample taken after that, in a heartbeat that
+    arrives at least GPU_FAULT_CORROBORATION_SECONDS later, that still finds the GPU unhealthy
+    (so one heartbeat, whatever the ages of its samples, cannot corroborate itself)."""
     for xid in assessment.job_fault_xids:
         jobs = list(jobs_holding(gpu=gpu).filter(state__in=[JobState.STARTING, JobState.RUNNING]))
         NodeEvent.objects.create(
@@ -34,10 +49,20 @@ def gpu_health_apply(node: Node, gpu: Gpu, assessment: health.Assessment) -> Non
             )
     new = assessment.gpu.value
     current = gpu.health
+    if (
+        current == Gpu.Health.UNHEALTHY
+        and new == Gpu.Health.UNHEALTHY
+        and gpu.fault_at is not None
+        and at >= gpu.fault_at
+        and received - gpu.fault_at >= timedelta(seconds=settings.GPU_FAULT_CORROBORATION_SECONDS)
+    ):
+        gpu_fault_corroborate(gpu, how="heartbeat")  # still unhealthy on a later heartbeat
     if new == current or (current == Gpu.Health.UNHEALTHY and new != Gpu.Health.UNHEALTHY):
         return  # unhealthy is sticky: an operator resets it after looking at the GPU
     gpu.health = new
-    gpu.save(update_fields=["health"])
+    if new == Gpu.Health.UNHEALTHY:
+        gpu_fault_record(gpu, at=received)
+    gpu.save(update_fields=["health", "fault_at", "fault_corroborated_at"])
     reasons = "; ".join(assessment.reasons) or "back to normal"
     severities: dict[str, str] = {
         Gpu.Health.UNHEALTHY: NodeEvent.Severity.CRITICAL,

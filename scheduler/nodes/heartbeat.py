@@ -34,7 +34,8 @@ def node_heartbeat(
         node.fenced = True
         node_transition(
             node=node,
-            to=Node.State.READY,
+            # a node quarantined before it was lost stays so until an operator approves it
+            to=Node.State.QUARANTINED if node.pending_inventory else Node.State.READY,
             kind="node_returned",
             severity=NodeEvent.Severity.WARNING,
             message="A lost node sent a heartbeat: fenced until it has stopped its old work",
@@ -69,7 +70,8 @@ def node_heartbeat(
     for sample in telemetry:
         gpu = gpus.get(sample.get("uuid", ""))
         if gpu is not None:
-            gpu_health_apply(node, gpu, health.assess(sample))
+            taken = now - timedelta(seconds=float(sample.get("age_s") or 0))
+            gpu_health_apply(node, gpu, health.assess(sample), at=taken, received=now)
     known = [{**s, "gpu_id": gpus[s["uuid"]].pk} for s in telemetry if s.get("uuid") in gpus]
     for sink in ports.TELEMETRY_SINKS:
         sink(node=node, samples=known, now=now)

@@ -24,7 +24,13 @@ log = logging.getLogger(__name__)
 
 LOSS_HELD_KEY = "scheduler:loss-held"
 BUCKET_KEY = "scheduler:loss-bucket:{pool_id}"
-WATCHED = (Node.State.READY, Node.State.CORDONED, Node.State.DRAINING, Node.State.UNHEALTHY)
+WATCHED = (
+    Node.State.READY,
+    Node.State.CORDONED,
+    Node.State.DRAINING,
+    Node.State.UNHEALTHY,
+    Node.State.QUARANTINED,  # it may still run work placed before
+)
 
 
 def eviction_policy() -> EvictionPolicy:

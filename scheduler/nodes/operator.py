@@ -1,4 +1,5 @@
-"""Operator actions on a node: cordon, uncordon, drain, reset health, retire."""
+"""Operator actions on a node: cordon, uncordon, drain, reset health, approve a quarantined
+node's new inventory, retire."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from django.utils import timezone
 from portal.errors import Conflict, DomainError
 from portal.models import User
 from scheduler.models import Gpu, JobState, Node
-from scheduler.nodes.faults import jobs_holding
+from scheduler.nodes.faults import gpu_fault_corroborate, jobs_holding
+from scheduler.nodes.inventory import node_inventory_approve
 from scheduler.nodes.states import node_transition
 from scheduler.transitions import job_transition
 
@@ -24,8 +26,11 @@ OPERATOR_ACTIONS: dict[str, tuple[frozenset[str], str]] = {
         frozenset({Node.State.READY, Node.State.UNHEALTHY, Node.State.CORDONED}),
         Node.State.READY,
     ),
+    "approve_inventory": (frozenset({Node.State.QUARANTINED}), Node.State.READY),
     "retire": (
-        frozenset({Node.State.CORDONED, Node.State.LOST, Node.State.UNHEALTHY}),
+        frozenset(
+            {Node.State.CORDONED, Node.State.LOST, Node.State.UNHEALTHY, Node.State.QUARANTINED}
+        ),
         Node.State.RETIRED,
     ),
 }
@@ -41,6 +46,8 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
     sources, target = OPERATOR_ACTIONS[action]
     if node.state not in sources:
         raise Conflict(f"Node {node.name} is {node.state}; it cannot {action}.")
+    if action == "approve_inventory":
+        return node_inventory_approve(actor=actor, node=node, remote_addr=remote_addr)
     if action == "retire" and node.allocations.filter(ended_at__isnull=True).exists():
         raise Conflict(f"Node {node.name} still runs work; drain it first.")
     old = node.state
@@ -68,3 +75,21 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
                 update_fields=("preempt_deadline",),
             )
     return node
+
+
+@transaction.atomic
+def node_faults_confirm(*, actor: User, node: Node, remote_addr: str | None = None) -> int:
+    """An operator confirms the node's open GPU faults (after looking at the hardware): the
+    work they ended becomes creditable. Returns the allocations corroborated; audited."""
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    gpus = list(
+        node.gpus.select_for_update().filter(
+            fault_at__isnull=False, fault_corroborated_at__isnull=True
+        )
+    )
+    if not gpus:
+        raise Conflict(f"Node {node.name} has no unconfirmed GPU fault.")
+    return sum(
+        gpu_fault_corroborate(gpu, how="operator", actor=actor, remote_addr=remote_addr)
+        for gpu in gpus
+    )

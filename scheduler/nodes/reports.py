@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -19,7 +20,7 @@ from agent.protocol import FAILURE_TEXT
 from portal.db import AnyOf, CompiledQuery
 from portal.errors import Conflict
 from scheduler.cycle_requests import request_cycle
-from scheduler.models import Allocation, Job, JobState, LogChunk, Node
+from scheduler.models import Allocation, Job, JobState, LogChunk, Node, Quota
 from scheduler.transitions import job_transition, jobs_transition_bulk
 
 
@@ -264,21 +265,56 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
     return job
 
 
+def job_log_quota_bytes(project_id: int) -> int:
+    """Output kept per job of the project: its quota's `log_quota_bytes`, else the default."""
+    own = (
+        Quota.objects.filter(project_id=project_id)
+        .values_list("log_quota_bytes", flat=True)
+        .first()
+    )
+    return int(own or settings.JOB_LOG_QUOTA_BYTES)
+
+
 def job_log_append(
     *, node: Node, job_id: int, attempt: int, seq: int, stream: str, text: str
 ) -> bool:
     """Store a log chunk once; a retried chunk is ignored. Returns whether it was new.
 
-    Chunks of an attempt this node ran are accepted even after the job ended (the last
-    lines can race the exit report).
+    Only while the attempt runs on this node: once its allocation ended (the job exited,
+    was cancelled, preempted or lost) its logs are closed (409, `job_ended`), so a node
+    cannot write into a job's logs after the fact. The agent sends an attempt's last lines
+    before its exit report. Output past the project's log quota per job is dropped: the
+    chunk that crosses it is cut at the quota, and the job records that it was truncated.
     """
-    if not Allocation.objects.filter(job_id=job_id, node=node, attempt=attempt).exists():
-        raise Conflict("This node did not run that job attempt.", code="stale_attempt")
-    try:
-        with transaction.atomic():
-            LogChunk.objects.create(
-                job_id=job_id, attempt=attempt, seq=seq, stream=stream, text=text
-            )
-    except IntegrityError:
-        return False
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        alloc = Allocation.objects.filter(job_id=job_id, node=node, attempt=attempt)
+        if job is None or not alloc.exists():
+            raise Conflict("This node did not run that job attempt.", code="stale_attempt")
+        if (
+            job.attempt != attempt
+            or job.is_terminal
+            or not alloc.filter(ended_at__isnull=True).exists()
+        ):
+            raise Conflict("That job attempt has ended; its logs are closed.", code="job_ended")
+        quota = job_log_quota_bytes(job.project_id)
+        whole = text.encode()
+        room = max(quota - job.log_bytes, 0)
+        if len(whole) > room:  # cut at the quota (on a character boundary)
+            text = whole[:room].decode(errors="ignore")
+            if job.log_quota_hit is None:
+                job.log_quota_hit = quota
+        kept = len(text.encode())
+        if whole and not kept:  # nothing of it fits: the truncation is noted, nothing stored
+            job.save(update_fields=["log_quota_hit"])
+            return False
+        try:
+            with transaction.atomic():
+                LogChunk.objects.create(
+                    job_id=job_id, attempt=attempt, seq=seq, stream=stream, text=text
+                )
+        except IntegrityError:
+            return False  # a retried chunk, stored (and counted) the first time
+        job.log_bytes += kept
+        job.save(update_fields=["log_bytes", "log_quota_hit"])
     return True

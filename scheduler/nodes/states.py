@@ -23,11 +23,17 @@ NODE_TRANSITIONS: dict[str, frozenset[str]] = {
     # registered by its agent, or removed by the autoscaler before it came up
     S.PROVISIONING: frozenset({S.READY, S.RETIRED}),
     # READY → READY: an operator resets the GPUs' health of a node that stayed ready
-    S.READY: frozenset({S.READY, S.CORDONED, S.DRAINING, S.UNHEALTHY, S.LOST, S.RETIRED}),
-    S.CORDONED: frozenset({S.READY, S.DRAINING, S.LOST, S.RETIRED}),
-    S.DRAINING: frozenset({S.READY, S.LOST, S.RETIRED}),
-    S.UNHEALTHY: frozenset({S.READY, S.LOST, S.RETIRED}),
-    S.LOST: frozenset({S.READY, S.RETIRED}),  # READY: it came back (fenced) or re-registered
+    S.READY: frozenset(
+        {S.READY, S.CORDONED, S.DRAINING, S.UNHEALTHY, S.LOST, S.QUARANTINED, S.RETIRED}
+    ),
+    S.CORDONED: frozenset({S.READY, S.DRAINING, S.LOST, S.QUARANTINED, S.RETIRED}),
+    S.DRAINING: frozenset({S.READY, S.LOST, S.QUARANTINED, S.RETIRED}),
+    S.UNHEALTHY: frozenset({S.READY, S.LOST, S.QUARANTINED, S.RETIRED}),
+    # READY: it came back (fenced) or re-registered; QUARANTINED: with other hardware
+    S.LOST: frozenset({S.READY, S.QUARANTINED, S.RETIRED}),
+    # re-registered with other hardware than it registered: READY only when an operator
+    # approves the new inventory; nothing is placed on it meanwhile
+    S.QUARANTINED: frozenset({S.READY, S.LOST, S.RETIRED}),
     S.RETIRED: frozenset(),
 }
 

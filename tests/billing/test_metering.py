@@ -165,7 +165,7 @@ def test_preemptible_and_borrowed_pay_the_discounted_rate(lab, place):
     ("end_reason", "preemptible", "checkpoint", "credited"),
     [
         ("node_lost", False, "/ckpt", True),
-        ("gpu_fault", True, "", True),
+        ("gpu_fault", True, "", True),  # corroborated (below); uncorroborated: nothing
         ("preempted", False, "", True),
         ("preempted", False, "/ckpt", False),
         ("preempted", True, "", False),
@@ -181,6 +181,9 @@ def test_fault_policy(lab, place, end_reason, preemptible, checkpoint, credited)
         preemptible=preemptible,
         checkpoint=checkpoint,
     )
+    if end_reason == "gpu_fault":
+        alloc.fault_corroborated_at = at("2025-03-01 02:05")
+        alloc.save()
     services.usage_meter(now=at("2025-03-02 00:00"))
     flags = set(UsageRecord.objects.filter(allocation=alloc).values_list("fault_credit", flat=True))
     assert flags == {credited}

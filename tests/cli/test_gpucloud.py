@@ -323,3 +323,13 @@ def test_submit_with_dependencies_in_slurms_syntax(logged_in):
     bad = logged_in("submit", "--project", "alpha", "--name", "m", "--command", "true",
                     "--dependency", "afterok=3")  # fmt: skip
     assert bad.returncode == 2 and "expected e.g. afterok:12" in bad.stderr
+
+
+def test_logs_say_when_output_passed_the_log_quota(logged_in):
+    job_id = logged_in.json("submit", "--project", "alpha", "--name", "q", "--command", "true")
+    job = Job.objects.get(pk=job_id["id"])  # type: ignore[index]
+    LogChunk.objects.create(job=job, attempt=1, seq=0, text="kept\n")
+    Job.objects.filter(pk=job.pk).update(log_quota_hit=1024 * 1024)
+    result = logged_in("logs", str(job.pk))
+    assert result.returncode == 0 and result.stdout == "kept\n"
+    assert "[log truncated: this job's output reached its log quota of 1 MiB" in result.stderr

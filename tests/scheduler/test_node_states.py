@@ -37,6 +37,15 @@ ALLOWED = {
     (S.UNHEALTHY, S.RETIRED),
     (S.LOST, S.READY),  # heartbeat (fenced) or registration
     (S.LOST, S.RETIRED),
+    # re-registered with other hardware than it registered (from any state it can register in)
+    (S.READY, S.QUARANTINED),
+    (S.CORDONED, S.QUARANTINED),
+    (S.DRAINING, S.QUARANTINED),
+    (S.UNHEALTHY, S.QUARANTINED),
+    (S.LOST, S.QUARANTINED),  # also a quarantined node that was lost and heartbeats again
+    (S.QUARANTINED, S.READY),  # an operator approves the new inventory
+    (S.QUARANTINED, S.LOST),  # the loss sweep: it may still run work placed before
+    (S.QUARANTINED, S.RETIRED),
 }
 ALL_MOVES = [(a, b) for a in S.values for b in S.values]
 

@@ -576,3 +576,32 @@ def test_the_pause_between_rounds_keeps_the_poll_interval(tmp_path: Path) -> Non
     assert 0 < agent.pause() <= 0.005  # overdue: go round at once
     agent._next_contact = now + 0.15  # backing off: not before the next contact
     assert 0.1 < agent.pause() <= 0.15
+
+
+def test_a_heartbeat_carries_only_the_newest_instants_the_protocol_allows(tmp_path: Path) -> None:
+    """After an outage the buffer holds more than one heartbeat may carry: the newest instants
+    that fit are sent, the older ones dropped, and no sample lists more processes than allowed."""
+    from agent.protocol import MAX_HEARTBEAT_SAMPLES, MAX_SAMPLE_PROCESSES
+
+    agent = Agent(
+        Config(
+            portal_url="http://127.0.0.1:9",
+            token=TOKEN,
+            workdir=tmp_path,
+            simulate=True,
+            sim_gpus="1xH100-80GB-SXM",
+            runtime="process",
+        )
+    )
+    gpus = 64
+    processes = [{"pid": p, "used_memory_mib": 1} for p in range(MAX_SAMPLE_PROCESSES + 5)]
+    agent._buffer = [
+        (float(t), [{"uuid": f"GPU-{g}", "processes": processes} for g in range(gpus)])
+        for t in range(30)
+    ]
+    sent = agent._instants_that_fit()
+    assert sum(len(samples) for _, samples in sent) <= MAX_HEARTBEAT_SAMPLES
+    assert len(sent) == MAX_HEARTBEAT_SAMPLES // gpus
+    assert [taken for taken, _ in sent] == [float(t) for t in range(30 - len(sent), 30)]
+    assert all(len(s["processes"]) == MAX_SAMPLE_PROCESSES for _, ss in sent for s in ss)
+    assert len(agent._buffer) == len(sent)  # the older instants will never be sent

@@ -255,3 +255,18 @@ def test_a_container_job_with_a_missing_image_fails_to_start_naming_it(
     body = exits(containers)[9]  # at once: nothing was started
     assert body["reason"] == "failed_to_start" and "localhost/absent:0" in body["message"]
     assert not [m for m in containers.outbox if m.kind == "started"]
+
+
+@needs_engine
+def test_the_agent_keeps_the_curated_images_pulled(containers: Runner) -> None:
+    """What the node has is kept; what it lacks is pulled (here no registry answers, so the
+    absent image stays absent, and is tried again on the next heartbeat)."""
+    runtime = containers.runtime
+    assert isinstance(runtime, ContainerRuntime)
+    assert runtime.pull_missing([IMAGE, "localhost:1/absent:0"]) == [IMAGE]
+    runtime.keep_pulled([IMAGE])  # already known: no pull started
+    assert runtime._puller is None
+    runtime.keep_pulled(["localhost:1/absent:0"])
+    assert runtime._puller is not None
+    runtime._puller.join(60)
+    assert "localhost:1/absent:0" not in runtime._pulled

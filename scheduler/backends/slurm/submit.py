@@ -91,7 +91,7 @@ def batch_job(
         pattern = f"{out_dir}/portal-job-{job.pk}.out"
     args += [f"--output={pattern}", f"--chdir={job.working_dir or out_dir}"]
     lines = ["#!/bin/bash", f"# portal job {job.pk} of project {job.project.slug}"]
-    env = {**job.env, "JOB_ID": str(job.pk)}
+    env = {**job.env, **job.secret_env, "JOB_ID": str(job.pk)}
     if shards > 1:
         env["SHARD_COUNT"] = str(shards)
         lines.append('export SHARD_INDEX="$SLURM_ARRAY_TASK_ID"')
