@@ -101,6 +101,14 @@ urlpatterns = [
     path("jobs/dry-run/", scheduler_views.job_dry_run_view, name="job-dry-run"),
     path("jobs/<int:job_id>/", web_views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", scheduler_views.job_cancel_view, name="job-cancel"),
+    path(
+        "jobs/<int:job_id>/template/", scheduler_views.job_template_save, name="job-template-save"
+    ),
+    path(
+        "jobs/templates/<int:template_id>/delete/",
+        scheduler_views.job_template_delete,
+        name="job-template-delete",
+    ),
     path("jobs/<int:job_id>/logs/", scheduler_views.job_logs, name="job-logs"),
     path("jobs/<int:job_id>/array/", scheduler_views.job_array, name="job-array"),
     path(

@@ -127,6 +127,14 @@ class JobForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2, "placeholder": "KEY=value, one per line"}),
         label="Environment",
     )
+    # Kept from a cloned job or template (the API sets them; the form carries them along).
+    cpu_milli = forms.IntegerField(
+        min_value=0, max_value=4_096_000, required=False, widget=forms.HiddenInput
+    )
+    memory_mib = forms.IntegerField(
+        min_value=0, max_value=64 * 1024 * 1024, required=False, widget=forms.HiddenInput
+    )
+    working_dir = forms.CharField(max_length=500, required=False, widget=forms.HiddenInput)
 
     secret_env = forms.CharField(
         required=False,
@@ -164,6 +172,9 @@ class JobForm(forms.Form):
         spec = JobSpec(
             name=data.get("name", ""),
             command=data.get("command", ""),
+            cpu_milli=data.get("cpu_milli") or 0,
+            memory_mib=data.get("memory_mib") or 0,
+            working_dir=data.get("working_dir") or "",
             gpu_model=data.get("gpu_model"),
             min_gpu_memory_gb=data.get("min_gpu_memory_gb") or 0,
             precisions=tuple(data.get("precisions") or ()),
@@ -201,6 +212,10 @@ class JobForm(forms.Form):
                 field = "time_limit_h"
             self.add_error(field, exc.message)
         return data
+
+
+class TemplateForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Template name")
 
 
 class QuotaRequestForm(forms.Form):

@@ -805,6 +805,36 @@ class QuotaRequest(models.Model):
         return out
 
 
+class JobTemplate(models.Model):
+    """A job saved to submit again: the request as the API takes it (no project, no state)."""
+
+    project = models.ForeignKey(
+        "portal.Project", on_delete=models.CASCADE, related_name="job_templates"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    name = models.CharField(max_length=100)
+    body = models.JSONField(help_text="The job's fields as POST /api/v1/jobs takes them.")
+    source_job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"],
+                name="job_template_unique_name",
+                violation_error_message="This project already has a template of that name.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.project})"
+
+
 # The Slurm execution backend's rows (pool settings, job links) live with it.
 from scheduler.backends.slurm.models import SlurmJob, SlurmPool  # noqa: E402,F401
 

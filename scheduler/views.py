@@ -17,11 +17,17 @@ from portal.models import Role, User
 from portal.params import whole_number
 from portal.ratelimit import scope_allows
 from portal.selectors import project_get_visible, project_list_visible_to, project_role_of
-from scheduler import quota_requests, selectors
+from scheduler import job_templates, quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
 from scheduler.dependencies import array_retry_failed, array_view, is_array_root
 from scheduler.estimates import job_dry_run, model_availability
-from scheduler.forms import DecisionForm, JobForm, OwnerLimitsForm, QuotaRequestForm
+from scheduler.forms import (
+    DecisionForm,
+    JobForm,
+    OwnerLimitsForm,
+    QuotaRequestForm,
+    TemplateForm,
+)
 from scheduler.images import curated_image_list
 from scheduler.manifests import job_manifest_yaml
 from scheduler.models import PRECISIONS, JobState, LogChunk
@@ -73,6 +79,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
     }
     if request.GET.get("gpu_model"):
         initial["gpu_model"] = request.GET["gpu_model"]
+    started_from = _start_from(request, initial)
     form = JobForm(request.POST or None, projects=projects, initial=initial)
     status = 400 if request.method == "POST" else 200
     if request.method == "POST" and form.is_valid() and form.spec is not None:
@@ -114,9 +121,70 @@ def job_new(request: HttpRequest) -> HttpResponse:
             "availability": model_availability(),
             "no_projects": not projects.exists(),
             "curated_images": curated_image_list(),
+            "started_from": started_from,
+            "templates": job_templates.job_template_list_visible_to(user=_user(request)).filter(
+                project__in=projects
+            )[:50],
         },
         status=status,
     )
+
+
+def _start_from(request: HttpRequest, initial: dict[str, object]) -> str:
+    """Fill `initial` from ?from=<job id> (clone, edit and resubmit) or ?template=<id>;
+    say what the form starts from. An id the user may not see is a 404."""
+    user = _user(request)
+    job_id = whole_number(request.GET.get("from", ""), maximum=2**63 - 1)
+    template_id = whole_number(request.GET.get("template", ""), maximum=2**63 - 1)
+    if job_id:
+        job = selectors.job_get_visible(user=user, job_id=job_id)
+        body = job_templates.job_request_body(job)
+        initial.update(job_templates.form_initial(body, project_slug=job.project.slug))
+        return f"a copy of job #{job.pk} {job.name}"
+    if template_id:
+        template = job_templates.job_template_get_visible(user=user, template_id=template_id)
+        initial.update(
+            job_templates.form_initial(template.body, project_slug=template.project.slug)
+        )
+        return f"the template '{template.name}'"
+    return ""
+
+
+@login_required
+@require_POST
+def job_template_save(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    form = TemplateForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"The template was not saved: {errors_in_words(form)}")
+        return redirect("job-detail", job_id=job.pk)
+    try:
+        template = job_templates.job_template_create(
+            actor=_user(request),
+            job=job,
+            name=form.cleaned_data["name"],
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+        messages.success(
+            request, f"Saved as the template '{template.name}': pick it on the submit page."
+        )
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("job-detail", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def job_template_delete(request: HttpRequest, template_id: int) -> HttpResponse:
+    template = job_templates.job_template_get_visible(user=_user(request), template_id=template_id)
+    try:
+        job_templates.job_template_delete(
+            actor=_user(request), template=template, remote_addr=request.META.get("REMOTE_ADDR")
+        )
+        messages.success(request, f"Template '{template.name}' deleted.")
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    return redirect("job-new")
 
 
 @login_required

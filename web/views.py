@@ -91,6 +91,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "events": job.events.all(),
         "placement": job_placement(job),
         "can_cancel": role in (Role.OWNER, Role.MEMBER) and not job.is_terminal,
+        "can_submit": role in (Role.OWNER, Role.MEMBER),
         "hourly_cost": job_hourly_cost(job),
         # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
         "never_ran": job.is_terminal and not job.allocations.exists(),

@@ -35,7 +35,7 @@ from portal.models import Project, User
 from portal.params import whole_number
 from portal.ratelimit import FixedWindowScopedThrottle, scope_allows
 from portal.selectors import project_get_visible
-from scheduler import selectors
+from scheduler import job_templates, selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
 from scheduler.dependencies import (
     MAX_DEPENDENCIES,
@@ -52,6 +52,7 @@ from scheduler.models import (
     Job,
     JobEvent,
     JobState,
+    JobTemplate,
     Pool,
     PriorityClass,
 )
@@ -172,6 +173,21 @@ class JobCreateSerializer(StrictSerializer):
         d["precisions"] = tuple(d.get("precisions", ()))
         d["dependencies"] = tuple((x["type"], x["job"]) for x in d.get("dependencies", ()))
         return project, JobSpec(**d, source=source)
+
+
+class TemplateCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=100)
+
+
+class JobTemplateSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    project: serializers.SlugRelatedField = serializers.SlugRelatedField(  # type: ignore[type-arg]
+        slug_field="slug", read_only=True
+    )
+    created_by = serializers.EmailField(source="created_by.email", read_only=True, default=None)
+
+    class Meta:
+        model = JobTemplate
+        fields = ["id", "name", "project", "created_by", "body", "source_job", "created_at"]
 
 
 class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type: ignore[type-arg]
@@ -452,53 +468,50 @@ class YamlRenderer(renderers.BaseRenderer):
         return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True).encode()
 
 
-@extend_schema_view(
-    list=extend_schema(
-        parameters=[
-            OpenApiParameter(
-                "state",
-                {"type": "string", "pattern": STATE_LIST_PATTERN},
-                description="Comma-separated states.",
-            ),
-            OpenApiParameter("project", {"type": "string", "pattern": NUL_FREE}),
-            OpenApiParameter("gpu_model", {"type": "string", "pattern": NUL_FREE}),
-        ]
-    )
-)
-class JobViewSet(
-    IdempotentPostMixin,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    viewsets.GenericViewSet,  # type: ignore[type-arg]
-):
-    schema = PortalAutoSchema()
-    pagination_class = StrictLimitOffsetPagination
-    parser_classes = [StrictJSONParser]  # nested fields (env, precisions): JSON only
-    lookup_value_regex = r"\d+"
-    token_scope = "submit"  # submit-scoped tokens may submit, dry-run and cancel here
+class SubmitMixin:
+    """Submitting a request body (resubmission, templates): the create endpoint's steps."""
 
-    def get_serializer_class(self) -> type:
-        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
-
-    def get_throttles(self) -> list[Any]:
-        """Submitting and dry runs are expensive: each has its own rate limit."""
-        scope = {"create": "submit", "manifest": "submit", "dry_run": "dry_run"}.get(
-            self.action or ""
-        )
-        if scope is None:
-            return list(super().get_throttles())
-        self.throttle_scope = scope
-        return [*super().get_throttles(), FixedWindowScopedThrottle()]
+    request: Request
 
     @property
     def _user(self) -> User:
         return self.request.user  # type: ignore[return-value]
 
-    def get_queryset(self) -> QuerySet[Job]:
-        qs = selectors.job_list_visible_to(user=self._user)
-        if self.action == "list":
-            qs = selectors.job_filter(qs, self.request.query_params.dict())
-        return qs
+    def get_throttles(self) -> list[Any]:
+        """Submitting and dry runs are expensive: each has its own rate limit."""
+        scope = {
+            "create": "submit",
+            "manifest": "submit",
+            "resubmit": "submit",
+            "submit": "submit",
+            "dry_run": "dry_run",
+        }.get(getattr(self, "action", None) or "")
+        if scope is None:
+            return list(super().get_throttles())  # type: ignore[misc]
+        self.throttle_scope = scope
+        return [*super().get_throttles(), FixedWindowScopedThrottle()]  # type: ignore[misc]
+
+    def _changes(self, request: Request) -> dict[str, Any]:
+        if request.data in (None, b"", ""):
+            return {}
+        if not isinstance(request.data, dict):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Send a JSON object of the fields to change."]}
+            )
+        return dict(request.data)
+
+    def _submit_body(self, body: dict[str, Any]) -> Response:
+        create = JobCreateSerializer(data=body)
+        create.is_valid(raise_exception=True)
+        slug, spec = create.to_spec()
+        self._count_shards(spec)
+        jobs = job_submit(
+            actor=self._user,
+            project=self._project(slug),
+            spec=spec,
+            remote_addr=self.request.META.get("REMOTE_ADDR"),
+        )
+        return self._submitted(jobs)
 
     def _project(self, slug: str) -> Project:
         return project_get_visible(user=self._user, slug=slug)
@@ -521,6 +534,42 @@ class JobViewSet(
                     wait=retry_after,
                     detail=f"Submitting {spec.shard_count} shards passes your submit rate limit.",
                 )
+
+
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "state",
+                {"type": "string", "pattern": STATE_LIST_PATTERN},
+                description="Comma-separated states.",
+            ),
+            OpenApiParameter("project", {"type": "string", "pattern": NUL_FREE}),
+            OpenApiParameter("gpu_model", {"type": "string", "pattern": NUL_FREE}),
+        ]
+    )
+)
+class JobViewSet(
+    SubmitMixin,
+    IdempotentPostMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    schema = PortalAutoSchema()
+    pagination_class = StrictLimitOffsetPagination
+    parser_classes = [StrictJSONParser]  # nested fields (env, precisions): JSON only
+    lookup_value_regex = r"\d+"
+    token_scope = "submit"  # submit-scoped tokens may submit, dry-run and cancel here
+
+    def get_serializer_class(self) -> type:
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        qs = selectors.job_list_visible_to(user=self._user)
+        if self.action == "list":
+            qs = selectors.job_filter(qs, self.request.query_params.dict())
+        return qs
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request: Request) -> Response:
@@ -631,6 +680,42 @@ class JobViewSet(
         response["Content-Disposition"] = f'inline; filename="job-{job.pk}.yaml"'
         return response
 
+    @extend_schema(
+        request=JobCreateSerializer(partial=True),
+        responses={201: JobSerializer},
+        description="Submit this job's request again as a new job (clone), with any fields of "
+        "the submit body changed (edit and resubmit); an empty body resubmits it as it was.",
+    )
+    @action(detail=True, methods=["post"])
+    def resubmit(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        base = job_templates.job_request_body(job)
+        return self._submit_body(
+            job_templates.resubmit_body(base, self._changes(request), project=job.project)
+        )
+
+    @extend_schema(
+        request=TemplateCreateSerializer,
+        responses={201: JobTemplateSerializer},
+        description="Save this job's request as a template of its project.",
+    )
+    @action(detail=True, methods=["post"], url_path="template")
+    def save_template(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        body = TemplateCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        template = job_templates.job_template_create(
+            actor=self._user,
+            job=job,
+            name=body.validated_data["name"],
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+        return Response(
+            JobTemplateSerializer(template).data,
+            status=status.HTTP_201_CREATED,
+            headers={"Location": reverse("api-job-template-detail", args=[template.pk])},
+        )
+
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
@@ -691,3 +776,45 @@ class JobViewSet(
                 "note": job.log_truncation_note,
             }
         )
+
+
+class JobTemplateViewSet(
+    SubmitMixin,
+    IdempotentPostMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,  # type: ignore[type-arg]
+):
+    """Job templates of the caller's projects: list, read, delete, submit (with changes)."""
+
+    schema = PortalAutoSchema()
+    serializer_class = JobTemplateSerializer
+    pagination_class = StrictLimitOffsetPagination
+    parser_classes = [StrictJSONParser]
+    lookup_value_regex = r"\d+"
+    token_scope = "submit"
+
+    def get_queryset(self) -> QuerySet[JobTemplate]:
+        return job_templates.job_template_list_visible_to(user=self._user)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, pk: str) -> Response:
+        job_templates.job_template_delete(
+            actor=self._user,
+            template=self.get_object(),
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=JobCreateSerializer(partial=True),
+        responses={201: JobSerializer},
+        description="Submit a job from this template, with any fields of the submit body changed.",
+    )
+    @action(detail=True, methods=["post"])
+    def submit(self, request: Request, pk: str) -> Response:
+        template = self.get_object()
+        body = job_templates.resubmit_body(
+            template.body, self._changes(request), project=template.project
+        )
+        return self._submit_body(body)

@@ -5,5 +5,6 @@ router = OptionalSlashRouter()
 router.register("projects", projects.ProjectViewSet, basename="api-project")
 router.register("gpu-models", views.GpuModelViewSet, basename="api-gpu-model")
 router.register("jobs", jobs.JobViewSet, basename="api-job")
+router.register("job-templates", jobs.JobTemplateViewSet, basename="api-job-template")
 
 urlpatterns = router.urls

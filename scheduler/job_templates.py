@@ -1,0 +1,155 @@
+"""Templates and resubmission: a job's request, saved to submit again, cloned or edited.
+
+A job's request is kept as the body `POST /api/v1/jobs` takes (`job_request_body`): the API
+resubmits it with the caller's changes on top, and the form starts from it (`form_initial`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from portal.audit import audit_record
+from portal.errors import Conflict, DomainError, NotFound
+from portal.models import Project, Role, User
+from portal.selectors import project_list_visible_to
+from portal.services import require_role
+from scheduler.models import Job, JobTemplate, PriorityClass
+
+# Fields of a job's request; a resubmission takes them all from the job, changes on top.
+REQUEST_FIELDS = (
+    "name",
+    "command",
+    "image",
+    "gpus",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "min_gpu_memory_gb",
+    "precisions",
+    "nodes",
+    "gpus_per_node",
+    "cpu_milli",
+    "memory_mib",
+    "preemptible",
+    "runtime_estimate_s",
+    "time_limit_s",
+    "checkpoint_dir",
+    "working_dir",
+    "env",
+    "max_restarts",
+    "elastic_min",
+    "elastic_max",
+)
+
+
+def job_request_body(job: Job) -> dict[str, Any]:
+    """What was asked for, as the submit API takes it (an array shard: the whole array)."""
+    body: dict[str, Any] = {f: getattr(job, f) for f in REQUEST_FIELDS}
+    body["precisions"] = list(job.precisions or [])
+    body["env"] = dict(job.env or {})
+    body["priority"] = PriorityClass(job.priority).name.lower()
+    body["gpu_model"] = job.gpu_model.name if job.gpu_model_id else None
+    body["pool"] = job.pool.name if job.pool_id else None
+    body["shard_count"] = job.shard_count or 1
+    if job.shard_count and job.shard_count > 1 and job.name.endswith(f"[{job.shard_index}]"):
+        body["name"] = job.name[: -len(f"[{job.shard_index}]")]
+    return body
+
+
+def form_initial(body: dict[str, Any], *, project_slug: str) -> dict[str, Any]:
+    """The job form's initial values for a request body."""
+    if body.get("nodes"):
+        shape = "gang"
+    elif (body.get("gpu_milli") or 1000) < 1000:
+        shape = "fraction"
+    else:
+        shape = "whole"
+    initial = {
+        k: v for k, v in body.items() if k not in ("runtime_estimate_s", "time_limit_s", "env")
+    }
+    initial["project"] = project_slug
+    initial["shape"] = shape
+    initial["priority"] = PriorityClass[str(body.get("priority", "normal")).upper()].value
+    if shape != "fraction":
+        initial.pop("gpu_milli", None)
+        initial.pop("gpu_memory_mib", None)
+    for seconds, hours in (
+        ("runtime_estimate_s", "runtime_estimate_h"),
+        ("time_limit_s", "time_limit_h"),
+    ):
+        if body.get(seconds):
+            initial[hours] = round(body[seconds] / 3600, 2)
+    initial["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
+    return initial
+
+
+def job_template_list_visible_to(*, user: User) -> Any:
+    return JobTemplate.objects.filter(
+        project__in=project_list_visible_to(user=user)
+    ).select_related("project", "created_by")
+
+
+def job_template_get_visible(*, user: User, template_id: int) -> JobTemplate:
+    template = job_template_list_visible_to(user=user).filter(pk=template_id).first()
+    if template is None:
+        raise NotFound("No such template.")
+    return template
+
+
+@transaction.atomic
+def job_template_create(
+    *, actor: User, job: Job, name: str, remote_addr: str | None = None
+) -> JobTemplate:
+    """Save `job`'s request as a template of its project (owners and members)."""
+    require_role(user=actor, project=job.project, roles=(Role.OWNER, Role.MEMBER))
+    name = name.strip()
+    if not name or len(name) > 100:
+        raise DomainError("Name the template (at most 100 characters).", field="name")
+    try:
+        with transaction.atomic():
+            template = JobTemplate.objects.create(
+                project=job.project,
+                created_by=actor,
+                name=name,
+                body=job_request_body(job),
+                source_job=job,
+            )
+    except IntegrityError:
+        raise Conflict(
+            f"{job.project.name} already has a template named '{name}'.", code="duplicate"
+        ) from None
+    audit_record(
+        actor=actor,
+        action="scheduler.job_template.create",
+        target=template,
+        project=job.project,
+        data={"name": name, "job": job.pk},
+        remote_addr=remote_addr,
+    )
+    return template
+
+
+@transaction.atomic
+def job_template_delete(
+    *, actor: User, template: JobTemplate, remote_addr: str | None = None
+) -> None:
+    require_role(user=actor, project=template.project, roles=(Role.OWNER, Role.MEMBER))
+    audit_record(
+        actor=actor,
+        action="scheduler.job_template.delete",
+        target=template,
+        project=template.project,
+        data={"name": template.name},
+        remote_addr=remote_addr,
+    )
+    template.delete()
+
+
+def resubmit_body(base: dict[str, Any], changes: dict[str, Any], *, project: Project) -> dict:
+    """The body to submit: `base` with `changes` on top, in `project` unless changed."""
+    body = {**base, **changes}
+    body.setdefault("project", project.slug)
+    if "project" not in changes:
+        body["project"] = project.slug
+    return {k: v for k, v in body.items() if v is not None}
