@@ -101,9 +101,13 @@ def world(team, fleet, make_user):
         {"uid": team["owner"].pk, "old": team["owner"].email, "new": "owner-new@example.org"},
         salt=accounts.EMAIL_CHANGE_SALT,
     )
+    from scheduler.job_templates import job_template_create
+
+    template = job_template_create(actor=team["member"], job=job, name="matrix")
     return {
         **team,
         **fleet,
+        "template": template,
         "staff": staff,
         "spare": spare,
         "job": job,

@@ -230,6 +230,8 @@ RULES: dict[str, Rule] = {
     ),
     "job-detail": Rule({"get": PROJECT_PAGE}),
     "job-cancel": Rule({"post": MEMBER_WRITE_PAGE}),
+    "job-template-save": Rule({"post": MEMBER_WRITE_PAGE}, body={"post": lambda w: {"name": "t"}}),
+    "job-template-delete": Rule({"post": MEMBER_WRITE_PAGE}),
     "job-logs": Rule({"get": PROJECT_PAGE}),
     "job-array": Rule({"get": PROJECT_PAGE}, params={"job_id": "array"}),
     "job-array-retry": Rule({"post": MEMBER_WRITE_PAGE}, params={"job_id": "array"}),
@@ -315,6 +317,19 @@ RULES: dict[str, Rule] = {
     ),
     "api-job-detail": Rule({"get": PROJECT_API}, params={"pk": "job"}),
     "api-job-cancel": Rule({"post": api(403, 200, 200, 404, 403)}, params={"pk": "job"}),
+    "api-job-resubmit": Rule({"post": api(403, 201, 201, 404, 403)}, params={"pk": "job"}),
+    "api-job-save-template": Rule(
+        {"post": api(403, 201, 201, 404, 403)},
+        params={"pk": "job"},
+        body={"post": lambda w: {"name": "matrix-template"}},
+    ),
+    "api-job-template-list": Rule({"get": EVERYONE_API}),
+    "api-job-template-detail": Rule(
+        {"get": PROJECT_API, "delete": api(403, 204, 204, 404, 403)}, params={"pk": "template"}
+    ),
+    "api-job-template-submit": Rule(
+        {"post": api(403, 201, 201, 404, 403)}, params={"pk": "template"}
+    ),
     "api-job-events": Rule({"get": PROJECT_API}, params={"pk": "job"}),
     "api-job-logs": Rule({"get": PROJECT_API}, params={"pk": "job"}),
     "api-job-array": Rule({"get": PROJECT_API}, params={"pk": "array"}),
@@ -360,6 +375,7 @@ PARAMS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "slug": lambda w: w["a"].slug,
     "project_slug": lambda w: w["a"].slug,
     "job_id": lambda w: w["job"].pk,
+    "template_id": lambda w: w["template"].pk,
     "membership_id": lambda w: w["membership"].pk,
     "invitation_id": lambda w: w["invitation"].pk,
     "token_id": lambda w: w["target_token"].pk,
@@ -374,6 +390,7 @@ PK_OBJECTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "membership": lambda w: w["membership"].pk,
     "job": lambda w: w["job"].pk,
     "array": lambda w: w["array"].pk,
+    "template": lambda w: w["template"].pk,
     "invitation_token": lambda w: w["invitation_token"],
     "quota_request": lambda w: w["quota_request"].pk,
     "reservation_request": lambda w: w["reservation_request"].pk,
@@ -474,7 +491,7 @@ def fingerprint() -> tuple[Any, ...]:
     """The rows a refused write must not touch."""
     from billing.models import Budget, ReservationRequest, ReservedPlan
     from portal.models import ApiToken, Invitation, Membership, Project, User
-    from scheduler.models import Job, Node, Quota, QuotaRequest
+    from scheduler.models import Job, JobTemplate, Node, Quota, QuotaRequest
 
     return (
         list(Project.objects.order_by("pk").values_list("pk", "slug")),
@@ -489,6 +506,7 @@ def fingerprint() -> tuple[Any, ...]:
         list(QuotaRequest.objects.order_by("pk").values_list("pk", "status")),
         list(ReservationRequest.objects.order_by("pk").values_list("pk", "status")),
         ReservedPlan.objects.count(),
+        list(JobTemplate.objects.order_by("pk").values_list("pk", "name")),
     )
 
 
