@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 from django.db.models import Model, QuerySet
 
 from portal.errors import Conflict, NotFound, PermissionDenied
-from portal.mail import send_after_commit
-from portal.models import User
+from portal.models import NoticeKind, User
+from portal.notify import notify
 from portal.selectors import project_owner_emails
 
 M = TypeVar("M", bound=Model)
@@ -32,9 +32,21 @@ def request_for_decision(requests: QuerySet[M], *, request_id: int, actor: User,
 
 
 def tell_requester(request: Any, *, subject: str, body: str) -> None:
-    """E-mail the project's owners and whoever asked (once each), after the commit."""
+    """Tell the project's owners and whoever asked (once each, by e-mail unless they turned
+    this kind off) and the project's webhook, after the commit."""
     to = sorted(
         {*project_owner_emails(project=request.project), getattr(request.requested_by, "email", "")}
         - {""}
     )
-    send_after_commit(subject=subject, body=body, to=to)
+    notify(
+        kind=NoticeKind.REQUEST_DECIDED,
+        project=request.project,
+        subject=subject,
+        message=body,
+        to=to,
+        data={
+            "request": type(request).__name__,
+            "id": request.pk,
+            "status": getattr(request, "status", ""),
+        },
+    )

@@ -250,3 +250,72 @@ class Invitation(models.Model):
     @property
     def is_pending(self) -> bool:
         return self.status == "pending"
+
+
+class NoticeKind(models.TextChoices):
+    """What a user or a project's webhook may be told of (portal/notify.py)."""
+
+    JOB_STARTED = "job.started", "A job started"
+    JOB_SUCCEEDED = "job.succeeded", "A job ended successfully"
+    JOB_FAILED = "job.failed", "A job failed"
+    JOB_PREEMPTED = "job.preempted", "A job was preempted"
+    JOB_REQUEUED = "job.requeued", "A job was requeued"
+    REQUEST_DECIDED = "request.decided", "A quota or reservation request was decided"
+    BUDGET_THRESHOLD = "budget.threshold", "A budget threshold was crossed"
+
+
+class NotificationPreference(models.Model):
+    """A user's choice for one kind of notice; no row means e-mail is on."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notice_preferences"
+    )
+    kind = models.CharField(max_length=32, choices=NoticeKind.choices)
+    email = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "kind"], name="notice_pref_unique_kind")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.kind}: {'e-mail' if self.email else 'off'}"
+
+
+class ProjectWebhook(models.Model):
+    """A project's webhook: every notice of the project is POSTed to `url`, signed with
+    HMAC-SHA256 of `secret` (the receiver needs the secret itself, so it is kept, not hashed)."""
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="webhook")
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=64)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Webhook of {self.project}: {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """One notice to one webhook, with its attempts (retried by Celery with backoff)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        DELIVERED = "delivered", "Delivered"
+        FAILED = "failed", "Failed"
+
+    webhook = models.ForeignKey(ProjectWebhook, on_delete=models.CASCADE, related_name="deliveries")
+    kind = models.CharField(max_length=32, choices=NoticeKind.choices)
+    payload = models.JSONField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} → {self.webhook.url} ({self.status})"

@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from portal import accounts, selectors, services, two_factor
+from portal import accounts, notify, selectors, services, two_factor
 from portal.errors import DomainError, PermissionDenied
 from portal.forms import (
     EmailChangeForm,
@@ -30,7 +30,7 @@ from portal.forms import (
     TokenCreateForm,
 )
 from portal.middleware import client_ip
-from portal.models import Role, TokenScope, User
+from portal.models import NoticeKind, ProjectWebhook, Role, TokenScope, User
 from portal.ratelimit import parse_rate, window_hit
 
 
@@ -396,4 +396,63 @@ def two_factor_verify(request: HttpRequest) -> HttpResponse:
         "portal/two_factor_verify.html",
         {"error": error, "next": _safe_next(request)},
         status=400 if error else 200,
+    )
+
+
+# ---- notices: a user's preferences, a project's webhook (portal/notify.py) ----------------
+
+
+@login_required
+def notification_settings(request: HttpRequest) -> HttpResponse:
+    """Which kinds of notice reach the user by e-mail."""
+    user = _user(request)
+    if request.method == "POST":
+        try:
+            notify.preferences_set(actor=user, email_kinds=request.POST.getlist("email"))
+            messages.success(request, "Notification preferences saved.")
+            return redirect("notification-settings")
+        except DomainError as exc:
+            messages.error(request, exc.message)
+    chosen = notify.preferences_of(user)
+    kinds = [(kind, label, chosen[kind]) for kind, label in NoticeKind.choices]
+    owned = selectors.project_list_visible_to(user=user).filter(
+        memberships__user=user, memberships__role=Role.OWNER
+    )
+    return render(request, "portal/notifications.html", {"kinds": kinds, "owned_projects": owned})
+
+
+@login_required
+def project_webhook(request: HttpRequest, slug: str) -> HttpResponse:
+    """The project's webhook (owners): its URL, its secret when new, the latest deliveries."""
+    project = selectors.project_get_visible(user=_user(request), slug=slug)
+    role = selectors.project_role_of(user=_user(request), project=project)
+    if role != Role.OWNER:
+        raise PermissionDenied(f"Your role in {project.name} is {role}; webhooks are for owners.")
+    new_secret = None
+    if request.method == "POST":
+        try:
+            if request.POST.get("remove"):
+                notify.webhook_remove(actor=_user(request), project=project)
+                messages.success(request, "Webhook removed.")
+                return redirect("project-webhook", slug=project.slug)
+            _, new_secret = notify.webhook_set(
+                actor=_user(request), project=project, url=request.POST.get("url", "")
+            )
+            messages.success(request, "Webhook saved.")
+            if new_secret is None:
+                return redirect("project-webhook", slug=project.slug)
+        except DomainError as exc:
+            messages.error(request, exc.message)
+    webhook = ProjectWebhook.objects.filter(project=project).first()
+    deliveries = webhook.deliveries.all()[:20] if webhook else []
+    return render(
+        request,
+        "portal/webhook.html",
+        {
+            "project": project,
+            "webhook": webhook,
+            "deliveries": deliveries,
+            "new_secret": new_secret,
+            "kinds": NoticeKind.choices,
+        },
     )

@@ -17,6 +17,7 @@ from scheduler.backends.slurm.tasks import (  # noqa: F401  (registers them)
 )
 from scheduler.cycle import run_cycle
 from scheduler.cycle_requests import CYCLE_REQUESTED, CYCLE_RETRY_SECONDS
+from scheduler.notices import job_notices_send
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +72,9 @@ def autoscale() -> int:
         if not acquired:
             return 0
         return len(run())
+
+
+@shared_task(name="scheduler.job_notices", ignore_result=True, time_limit=60, soft_time_limit=50)
+def job_notices(events: list[list[object]]) -> int:
+    """E-mail and webhook notices of job moves (scheduler/notices.py)."""
+    return job_notices_send(events=events)

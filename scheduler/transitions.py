@@ -20,6 +20,7 @@ from scheduler import ports
 from scheduler.dispatch import assignments_changed, changes_assignments
 from scheduler.models import Allocation, Job, JobEvent
 from scheduler.models import JobState as S
+from scheduler.notices import job_notices_after_commit, notice_kind
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.QUEUED, S.REJECTED, S.CANCELLED}),
@@ -117,6 +118,9 @@ def job_transition(
         reason=reason[:500],
         data=data or {},
     )
+    kind = notice_kind(current, to)
+    if kind is not None:
+        job_notices_after_commit([(job.pk, kind, reason[:500])])
     return job
 
 
@@ -174,6 +178,9 @@ def jobs_transition_bulk(
             placed.append(pk)
     updated = bulk_update_rows(Job, fields, updates)
     insert_rows(JobEvent, JOB_EVENT_FIELDS, events)
+    job_notices_after_commit(
+        [(e[0], kind, e[6]) for e in events if (kind := notice_kind(e[2], to)) is not None]
+    )
     if moved_on_nodes or (placed and ports.ALLOCATION_LISTENERS):
         # the caller created the placed jobs' allocations before this call
         pairs = list(

@@ -19,11 +19,12 @@ from billing.models import (
 from billing.pricing import period_of
 from billing.selectors import CAP_ACTOR
 from billing.services.credits import MAX_MONEY
-from billing.services.notifications import notification_create, owner_emails, send_plain
+from billing.services.notifications import notification_create, owner_emails
 from portal.audit import audit_record
 from portal.errors import DomainError, NotFound
-from portal.models import Project, Role, User
+from portal.models import NoticeKind, Project, Role, User
 from portal.money import format_money
+from portal.notify import notify
 from portal.services import require_role
 
 
@@ -164,11 +165,13 @@ def _budget_alert(
             "spent": str(alert.spent),
         },
     )
-    recipients = owner_emails([project.pk])
-    transaction.on_commit(
-        lambda: send_plain(
-            f"[{project.name}] {threshold} % of the monthly budget", message, recipients
-        )
+    notify(
+        kind=NoticeKind.BUDGET_THRESHOLD,
+        project=project,
+        subject=f"[{project.name}] {threshold} % of the monthly budget",
+        message=message,
+        to=owner_emails([project.pk]),
+        data={"threshold": threshold, "spent": str(alert.spent), "period": period.isoformat()},
     )
     return alert
 
@@ -249,9 +252,13 @@ def _cap_notice(budget: Budget, *, spent: Decimal, burn: Decimal, now: datetime)
         project=project,
         data={"spent": str(pricing.to_cents(spent)), "burn": str(pricing.to_cents(burn))},
     )
-    recipients = owner_emails([project.pk])
-    transaction.on_commit(
-        lambda: send_plain(f"[{project.name}] hard budget cap ahead", message, recipients)
+    notify(
+        kind=NoticeKind.BUDGET_THRESHOLD,
+        project=project,
+        subject=f"[{project.name}] hard budget cap ahead",
+        message=message,
+        to=owner_emails([project.pk]),
+        data={"cap_ahead_minutes": minutes, "spent": str(pricing.to_cents(spent))},
     )
     return True
 

@@ -167,6 +167,12 @@ METRICS_RATE = env("METRICS_RATE", default="120/min")
 # to anyone with a verified e-mail address.
 SIGNUP_OPEN = env.bool("SIGNUP_OPEN", default=False)
 INVITATION_TTL_DAYS = env.int("INVITATION_TTL_DAYS", default=7)
+# Project webhooks (portal/notify.py): attempts per notice, the first retry's delay (doubling
+# after), and whether a webhook may point at a private or loopback address (off: no SSRF).
+WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=6)
+WEBHOOK_RETRY_SECONDS = env.float("WEBHOOK_RETRY_SECONDS", default=30.0)
+WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=5.0)
+WEBHOOK_ALLOW_PRIVATE_HOSTS = env.bool("WEBHOOK_ALLOW_PRIVATE_HOSTS", default=False)
 # Links in e-mails that verify an address (sign-up, e-mail change) are valid this long.
 EMAIL_LINK_MAX_AGE_SECONDS = env.int("EMAIL_LINK_MAX_AGE_SECONDS", default=2 * 86400)
 PASSWORD_RESET_TIMEOUT = env.int("PASSWORD_RESET_TIMEOUT", default=3600)
@@ -342,6 +348,7 @@ JOB_LOG_QUOTA_BYTES = env.int("JOB_LOG_QUOTA_BYTES", default=16 * 1024 * 1024)
 SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)
 
 CELERY_TASK_ROUTES = {
+    "scheduler.job_notices": {"queue": "default"},  # mail and webhooks, not the cycle's queue
     "scheduler.*": {"queue": "scheduler"},
     "provisioning.*": {"queue": "provisioning"},
     "telemetry.*": {"queue": "telemetry"},

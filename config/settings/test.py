@@ -30,3 +30,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "global_keyprefix": f"test-{TEST_RUN_ID}-",
 }
 PROVISIONING_SPAWN_AGENTS = False  # tests start agents themselves
+
+# Webhook tests post to a receiver on loopback and see its retries within a second.
+WEBHOOK_ALLOW_PRIVATE_HOSTS = True
+WEBHOOK_RETRY_SECONDS = 0.2
+WEBHOOK_MAX_ATTEMPTS = 3

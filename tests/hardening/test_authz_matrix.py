@@ -178,6 +178,15 @@ RULES: dict[str, Rule] = {
         body={"post": lambda w: {"name": "Matrix", "slug": "matrix-new"}},
     ),
     "project-audit": Rule({"get": page(403, 403, 200, 404, 200)}),
+    # notices: everyone sets their own preferences; a project's webhook is its owners'
+    "notification-settings": Rule(
+        {"get": EVERYONE_PAGE, "post": page(DONE, DONE, DONE, DONE, DONE)},
+        body={"post": lambda w: {"email": ["job.failed"]}},
+    ),
+    "project-webhook": Rule(
+        {"get": page(403, 403, 200, 404, 403), "post": page(403, 403, 200, 404, 403)},
+        body={"post": lambda w: {"url": "https://hooks.example.org/matrix"}},
+    ),
     "invitation-revoke": Rule({"post": OWNER_WRITE_PAGE}),
     # --- requests with approval: owners ask and set their own limits, operators decide --------
     "project-requests": Rule({"get": page(403, 403, 200, 404, 200)}),
