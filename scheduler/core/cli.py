@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -96,6 +97,57 @@ def write_table(
         out.write("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) + "\n")
 
 
+class ProgressBar:
+    """`[#####.....] 1,234/3,000 jobs  41%  ETA 1m12s` on one line of `out` (stderr), redrawn
+    at most every `every` seconds; nothing at all when `out` is not a terminal unless forced."""
+
+    def __init__(
+        self,
+        out: TextIO,
+        *,
+        unit: str,
+        every: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+        width: int = 30,
+    ) -> None:
+        self.out, self.unit, self.every, self.clock, self.width = out, unit, every, clock, width
+        self.started = clock()
+        self.last_draw = -1e9
+        self.drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if now - self.last_draw < self.every and done < total:
+            return
+        self.last_draw = now
+        self.out.write("\r" + self.line(done, total, now - self.started))
+        self.out.flush()
+        self.drawn = True
+
+    def line(self, done: int, total: int, elapsed: float) -> str:
+        frac = done / total if total else 1.0
+        filled = int(frac * self.width)
+        eta = "--" if done == 0 else format_eta(elapsed * (total - done) / done)
+        return (
+            f"[{'#' * filled}{'.' * (self.width - filled)}] {done:,}/{total:,} {self.unit}"
+            f"  {frac:4.0%}  ETA {eta}"
+        )
+
+    def close(self) -> None:
+        if self.drawn:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def format_eta(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="simulate", description="Replay cluster traces through the scheduler core."
@@ -119,11 +171,26 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("--limit", type=int, default=None, help="first N jobs only")
     qu.add_argument("--seed", type=int, default=0)
     qu.add_argument("--format", choices=("table", "csv"), default="table")
+    for sp in (pk, qu):
+        sp.add_argument(
+            "--progress",
+            choices=("auto", "always", "never"),
+            default="auto",
+            help="progress bar with ETA on stderr (auto: when stderr is a terminal)",
+        )
     return p
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+INTERRUPTED = 130  # the shell's status for a run stopped by Ctrl-C
+
+
+def main(
+    argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Ctrl-C stops a run cleanly: the rows (or the queue figures) so far are printed, marked
+    partial on stderr, and the exit status is 130."""
     out = out or sys.stdout
+    err = err or sys.stderr
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -136,10 +203,18 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             nodes = read_nodes(args.nodes)
             pods = read_pods(args.pods)
             rows: list[list[object]] = []
-            for seed in args.seeds:
-                r = simulate_packing(
-                    nodes, pods, args.policy, seed, args.tune, trace_name(args.pods), args.batch
-                )
+            bar = _bar(args, err, unit="seeds")
+            interrupted = False
+            for n, seed in enumerate(args.seeds):
+                if bar:
+                    bar(n, len(args.seeds))
+                try:
+                    r = simulate_packing(
+                        nodes, pods, args.policy, seed, args.tune, trace_name(args.pods), args.batch
+                    )
+                except KeyboardInterrupt:
+                    interrupted = True
+                    break
                 rows.append(
                     [
                         r.trace,
@@ -153,10 +228,32 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
                         r.seconds,
                     ]
                 )
+            if bar:
+                if not interrupted:
+                    bar(len(args.seeds), len(args.seeds))
+                bar.close()
             write_table(rows, PACKING_COLUMNS, args.format, out)
+            if interrupted:
+                print(
+                    f"simulate: interrupted: {len(rows)} of {len(args.seeds)} seeds done; "
+                    "the rows above are those.",
+                    file=err,
+                )
+                return INTERRUPTED
             return 0
         jobs = read_jobs(args.jobs, args.cluster, args.limit)
-        q = simulate_queue(jobs, args.gpus, args.gpus_per_node, args.policy, args.scorer, args.seed)
+        bar = _bar(args, err, unit="jobs")
+        q = simulate_queue(
+            jobs,
+            args.gpus,
+            args.gpus_per_node,
+            args.policy,
+            args.scorer,
+            args.seed,
+            progress=bar,
+        )
+        if bar:
+            bar.close()
         write_table(
             [
                 [
@@ -175,10 +272,22 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             args.format,
             out,
         )
+        if q.interrupted:
+            print(
+                f"simulate: interrupted: partial result over the {q.jobs:,} of {q.total:,} jobs "
+                "finished by then.",
+                file=err,
+            )
+            return INTERRUPTED
         return 0
     except (TraceError, ValueError) as exc:
-        print(f"simulate: error: {exc}", file=sys.stderr)
+        print(f"simulate: error: {exc}", file=err)
         return 2
+
+
+def _bar(args: argparse.Namespace, err: TextIO, *, unit: str) -> ProgressBar | None:
+    wanted = args.progress == "always" or (args.progress == "auto" and err.isatty())
+    return ProgressBar(err, unit=unit) if wanted else None
 
 
 if __name__ == "__main__":

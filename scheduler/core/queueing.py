@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -53,6 +53,9 @@ class QueueResult:
     makespan: float
     dropped: int
     seconds: float
+    # Stopped early (Ctrl-C): the figures are over the jobs finished by then.
+    interrupted: bool = False
+    total: int = 0  # jobs the run was given (fitting the cluster)
 
 
 def _config(policy: str, scorer: str, seed: int) -> PolicyConfig:
@@ -114,14 +117,18 @@ def simulate_queue(
     policy: str,
     scorer: str = "default",
     seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> QueueResult:
+    """Replay `jobs`. `progress(finished, total)` is called as jobs finish; a KeyboardInterrupt
+    (Ctrl-C, or raised by `progress`) stops the run and returns the figures so far, marked
+    `interrupted`."""
     t0 = time.perf_counter()
     if total_gpus < 1 or gpus_per_node < 1:
         raise ValueError("the cluster needs at least one GPU and one GPU per node")
     fitting = [j for j in jobs if j.gpus <= total_gpus]
     dropped = len(jobs) - len(fitting)
     if policy == "oracle-srtf":
-        return _srtf(fitting, total_gpus, dropped, t0)
+        return _srtf(fitting, total_gpus, dropped, t0, progress)
     cfg = _config(policy, scorer, seed)
     n_nodes = math.ceil(total_gpus / gpus_per_node)
     origin = fitting[0].submit_s if fitting else 0.0
@@ -141,9 +148,62 @@ def simulate_queue(
     events: list[tuple[float, int, int]] = [(s, 1, i) for i, s in enumerate(sub)]
     heapq.heapify(events)
     quotas = {f"p{k}": ProjectQuota(weight=1.0) for k in range(4)}
+    try:
+        _replay(
+            events,
+            waiting,
+            running,
+            used,
+            start,
+            finish,
+            fitting,
+            sub,
+            layout,
+            quotas,
+            cfg,
+            seed,
+            progress,
+        )
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    ok = [i for i in range(len(fitting)) if not math.isnan(finish[i])]
+    result = _summarise(
+        policy,
+        [sub[i] for i in ok],
+        [start[i] for i in ok],
+        [finish[i] for i in ok],
+        [fitting[i].gpus for i in ok],
+        [fitting[i].duration_s for i in ok],
+        total_gpus,
+        dropped + (0 if interrupted else len(fitting) - len(ok)),
+        t0,
+    )
+    return replace(result, interrupted=interrupted, total=len(fitting))
+
+
+def _replay(
+    events: list[tuple[float, int, int]],
+    waiting: list[int],
+    running: dict[int, tuple[float, tuple[Share, ...]]],
+    used: dict[int, int],
+    start: list[float],
+    finish: list[float],
+    fitting: Sequence[JobRow],
+    sub: list[float],
+    layout: list[list[int]],
+    quotas: dict[str, ProjectQuota],
+    cfg: PolicyConfig,
+    seed: int,
+    progress: Callable[[int, int], None] | None,
+) -> int:
+    """The event loop of `simulate_queue`; fills `start` and `finish` as it goes."""
     epoch = 0
+    done = 0
+    total = len(fitting)
     while events:
         now = events[0][0]
+        finished_before = done
         while events and events[0][0] <= now:
             t, kind, i = heapq.heappop(events)
             if kind == 1:
@@ -152,6 +212,9 @@ def simulate_queue(
                 for s in running.pop(i)[1]:
                     used.pop(s.gpu_id, None)
                 finish[i] = t
+                done += 1
+        if progress is not None and done != finished_before:
+            progress(done, total)
         if not waiting:
             continue
         snap = _snapshot(layout, used, running, fitting, quotas)
@@ -186,19 +249,8 @@ def simulate_queue(
             start[i] = now  # a preempted job restarts from scratch
             placed.add(i)
             heapq.heappush(events, (end, 0, i))
-        waiting = [i for i in waiting if i not in placed]
-    ok = [i for i in range(len(fitting)) if not math.isnan(finish[i])]
-    return _summarise(
-        policy,
-        [sub[i] for i in ok],
-        [start[i] for i in ok],
-        [finish[i] for i in ok],
-        [fitting[i].gpus for i in ok],
-        [fitting[i].duration_s for i in ok],
-        total_gpus,
-        dropped + len(fitting) - len(ok),
-        t0,
-    )
+        waiting[:] = [i for i in waiting if i not in placed]
+    return done
 
 
 def _snapshot(
@@ -238,7 +290,13 @@ def _snapshot(
     return Snapshot(nodes=nodes, running=work, quotas=quotas)
 
 
-def _srtf(jobs: Sequence[JobRow], total_gpus: int, dropped: int, t0: float) -> QueueResult:
+def _srtf(
+    jobs: Sequence[JobRow],
+    total_gpus: int,
+    dropped: int,
+    t0: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> QueueResult:
     """Preemptive shortest-remaining-time-first over a fungible GPU pool (lower bound)."""
     origin = jobs[0].submit_s if jobs else 0.0
     sub = [j.submit_s - origin for j in jobs]
@@ -249,41 +307,71 @@ def _srtf(jobs: Sequence[JobRow], total_gpus: int, dropped: int, t0: float) -> Q
     nxt = 0
     now = 0.0
     n = len(jobs)
-    while nxt < n or active:
-        if not active and nxt < n:
-            now = max(now, sub[nxt])
-        while nxt < n and sub[nxt] <= now:
-            active.append(nxt)
-            nxt += 1
-        active.sort(key=lambda i: (remaining[i], sub[i], i))
-        free = total_gpus
-        run = []
-        for i in active:
-            if jobs[i].gpus <= free:
-                run.append(i)
-                free -= jobs[i].gpus
-        for i in run:
-            if math.isnan(start[i]):
-                start[i] = now
-        step = min(remaining[i] for i in run) if run else math.inf
-        if nxt < n:
-            step = min(step, sub[nxt] - now)
-        step = max(step, 0.0)
-        for i in run:
-            remaining[i] -= step
-        now += step
-        for i in run:
-            if remaining[i] <= 1e-9:
-                finish[i] = now
-        active = [i for i in active if math.isnan(finish[i])]
-    return _summarise(
+    done = 0
+    interrupted = False
+    try:
+        while nxt < n or active:
+            nxt, now, done = _srtf_step(
+                jobs, sub, remaining, start, finish, active, nxt, now, done, total_gpus
+            )
+            if progress is not None:
+                progress(done, n)
+    except KeyboardInterrupt:
+        interrupted = True
+    ok = [i for i in range(n) if not math.isnan(finish[i])]
+    result = _summarise(
         "oracle-srtf",
-        sub,
-        start,
-        finish,
-        [j.gpus for j in jobs],
-        [j.duration_s for j in jobs],
+        [sub[i] for i in ok],
+        [start[i] for i in ok],
+        [finish[i] for i in ok],
+        [jobs[i].gpus for i in ok],
+        [jobs[i].duration_s for i in ok],
         total_gpus,
         dropped,
         t0,
     )
+    return replace(result, interrupted=interrupted, total=n)
+
+
+def _srtf_step(
+    jobs: Sequence[JobRow],
+    sub: list[float],
+    remaining: list[float],
+    start: list[float],
+    finish: list[float],
+    active: list[int],
+    nxt: int,
+    now: float,
+    done: int,
+    total_gpus: int,
+) -> tuple[int, float, int]:
+    """One step of `_srtf`: admit arrivals, run the shortest, advance to the next event."""
+    n = len(jobs)
+    if not active and nxt < n:
+        now = max(now, sub[nxt])
+    while nxt < n and sub[nxt] <= now:
+        active.append(nxt)
+        nxt += 1
+    active.sort(key=lambda i: (remaining[i], sub[i], i))
+    free = total_gpus
+    run = []
+    for i in active:
+        if jobs[i].gpus <= free:
+            run.append(i)
+            free -= jobs[i].gpus
+    for i in run:
+        if math.isnan(start[i]):
+            start[i] = now
+    step = min(remaining[i] for i in run) if run else math.inf
+    if nxt < n:
+        step = min(step, sub[nxt] - now)
+    step = max(step, 0.0)
+    for i in run:
+        remaining[i] -= step
+    now += step
+    for i in run:
+        if remaining[i] <= 1e-9:
+            finish[i] = now
+            done += 1
+    active[:] = [i for i in active if math.isnan(finish[i])]
+    return nxt, now, done
