@@ -7,6 +7,7 @@ integer seconds × milli-GPU. Idempotency comes from unique constraints, not fro
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -658,3 +659,54 @@ class ReservationRequest(models.Model):
 
     def summary(self) -> str:
         return f"{self.gpus} × {self.gpu_model.name} for {self.term_months} months"
+
+
+class MonthClose(models.Model):
+    """One run of closing a month (billing/services/month_close.py): how far it got, and its
+    summary at the end. Finance starts it from a page (a Celery task) or `manage.py close_month`."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    period_start = models.DateField()
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    total = models.PositiveIntegerField(null=True, blank=True, help_text="Accounts to close.")
+    done = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["period_start"],
+                condition=models.Q(status="running"),
+                name="month_close_one_running",
+                violation_error_message="This month is already being closed.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"Close of {self.period_start:%Y-%m} ({self.status})"
+
+    @property
+    def processed(self) -> int:
+        return self.done + self.failed
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.processed / self.total) if self.total else 0
+
+    def eta_seconds(self, now: Any) -> float | None:
+        """Seconds left at the pace so far (None before the first account is through)."""
+        if self.status != self.Status.RUNNING or not self.total or not self.processed:
+            return None
+        elapsed = (now - self.started_at).total_seconds()
+        return elapsed * (self.total - self.processed) / self.processed

@@ -30,5 +30,7 @@ urlpatterns = [
         name="reservation-request-decide",
     ),
     path("operator/revenue/", views.revenue, name="revenue"),
+    path("operator/close/", views.month_close_page, name="month-close"),
+    path("operator/close/<int:close_id>/", views.month_close_detail, name="month-close-detail"),
     path("stripe/webhook/", views.stripe_webhook, name="stripe-webhook"),
 ]

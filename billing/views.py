@@ -17,12 +17,14 @@ from django.views.decorators.http import require_POST
 
 from billing import exports, gateway, pricing, selectors, services
 from billing.forms import BudgetForm
-from billing.models import Invoice, InvoiceLine, UsageRecord
+from billing.models import Invoice, InvoiceLine, MonthClose, UsageRecord
+from billing.services import month_close
 from portal.errors import DomainError, NotFound, PermissionDenied
 from portal.forms import errors_in_words
-from portal.htmx import render_partial_or_page
+from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
 from portal.models import Project, Role, User
 from portal.selectors import project_get_visible, project_role_of
+from scheduler.core.cli import format_eta
 
 
 def _user(request: HttpRequest) -> User:
@@ -272,3 +274,46 @@ def reservation_request_decide(request: HttpRequest, request_id: int) -> HttpRes
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("request-queue")
+
+
+# ---- closing a month, for finance (billing/services/month_close.py) ------------------------
+
+
+@login_required
+def month_close_page(request: HttpRequest) -> HttpResponse:
+    """Start a month's close (a Celery task) and see the recent ones."""
+    if not _user(request).is_staff:
+        raise PermissionDenied("Closing a month is for finance staff.")
+    if request.method == "POST":
+        try:
+            period = selectors.month_param(request.POST.get("month"))
+            run = month_close.month_close_start(actor=_user(request), period_start=period)
+        except DomainError as exc:
+            messages.error(request, exc.message)
+        else:
+            return redirect("billing:month-close-detail", close_id=run.pk)
+    last_month = services.previous_period()
+    return render(
+        request,
+        "billing/month_close.html",
+        {"runs": MonthClose.objects.select_related("started_by")[:20], "last_month": last_month},
+    )
+
+
+@login_required
+def month_close_detail(request: HttpRequest, close_id: int) -> HttpResponse:
+    """One close: accounts done / total and the ETA while it runs (polled), then its summary."""
+    if not _user(request).is_staff:
+        raise PermissionDenied("Closing a month is for finance staff.")
+    run = MonthClose.objects.filter(pk=close_id).select_related("started_by").first()
+    if run is None:
+        raise NotFound("No such close.")
+    eta = run.eta_seconds(timezone.now())
+    finished = run.status != MonthClose.Status.RUNNING
+    return render_partial_or_page(
+        request,
+        page="billing/month_close_detail.html",
+        partial="billing/partials/_month_close_progress.html",
+        context={"run": run, "eta": None if eta is None else format_eta(eta)},
+        status=HTMX_STOP_POLLING if finished and wants_partial(request) else 200,
+    )

@@ -98,6 +98,7 @@ urlpatterns = [
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
     path("gpus/", scheduler_views.catalog, name="catalog"),
+    path("help/", web_views.help_page, name="help"),
     path("jobs/", scheduler_views.job_list, name="job-list"),
     path("jobs/new/", scheduler_views.job_new, name="job-new"),
     path("jobs/dry-run/", scheduler_views.job_dry_run_view, name="job-dry-run"),

@@ -22,6 +22,7 @@ from portal.selectors import (
     project_list_visible_to,
     project_role_of,
 )
+from scheduler.core.reasons import PendingReason
 from scheduler.estimates import job_hourly_cost, model_availability
 from scheduler.models import ACTIVE_STATES, Allocation, Job, JobState, Node, PriorityClass
 from scheduler.ops_views import node_actions, slurm_node_actions, staff_required
@@ -34,6 +35,7 @@ from scheduler.selectors import (
     project_with_quota,
     with_landed_model,
 )
+from web.help_examples import EXAMPLES, SETUP
 
 
 def _user(request: HttpRequest) -> User:
@@ -196,3 +198,18 @@ def request_queue(request: HttpRequest) -> HttpResponse:
         ).order_by("-decided_at")[:20],
     }
     return render(request, "web/request_queue.html", context)
+
+
+@login_required
+def help_page(request: HttpRequest) -> HttpResponse:
+    """The concepts (quotas, shares, preemptible, reservations, pending reasons) and API
+    examples in curl, Python and the CLI (`web/help_examples.py`, run by the tests)."""
+    return render(
+        request,
+        "web/help.html",
+        {
+            "examples": EXAMPLES,
+            "setup": SETUP,
+            "reasons": [(r.value, r.label, r.can_start_later) for r in PendingReason],
+        },
+    )

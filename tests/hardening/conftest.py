@@ -104,10 +104,14 @@ def world(team, fleet, make_user):
     from scheduler.job_templates import job_template_create
 
     template = job_template_create(actor=team["member"], job=job, name="matrix")
+    from billing.models import MonthClose
+
+    month_close = MonthClose.objects.create(period_start=date(2019, 12, 1), status="done")
     return {
         **team,
         **fleet,
         "template": template,
+        "month_close": month_close,
         "staff": staff,
         "spare": spare,
         "job": job,

@@ -116,6 +116,7 @@ spec:
 RULES: dict[str, Rule] = {
     # --- pages -------------------------------------------------------------------------------
     "home": Rule({"get": EVERYONE_PAGE}),
+    "help": Rule({"get": EVERYONE_PAGE}),
     "login": Rule(
         {"get": {r: 200 for r in ROLES}, "post": {r: 200 for r in ROLES}},  # empty form: errors
         body={"post": lambda w: {}},
@@ -344,6 +345,12 @@ RULES: dict[str, Rule] = {
     "api-job-array": Rule({"get": PROJECT_API}, params={"pk": "array"}),
     "api-job-retry-failed": Rule({"post": api(403, 200, 200, 404, 403)}, params={"pk": "array"}),
     "api-job-manifest-export": Rule({"get": PROJECT_API}, params={"pk": "job"}),
+    # closing a month: finance staff only (the POST starts a close of the month given)
+    "billing:month-close": Rule(
+        {"get": STAFF_PAGE, "post": page(403, 403, 403, 403, DONE)},
+        body={"post": lambda w: {"month": "2020-01"}},
+    ),
+    "billing:month-close-detail": Rule({"get": STAFF_PAGE}),
     "api-billing-prices": Rule({"get": EVERYONE_API}),
     "api-billing-usage": Rule({"get": PROJECT_API}),
     "api-billing-budget": Rule(
@@ -385,6 +392,7 @@ PARAMS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "project_slug": lambda w: w["a"].slug,
     "job_id": lambda w: w["job"].pk,
     "template_id": lambda w: w["template"].pk,
+    "close_id": lambda w: w["month_close"].pk,
     "membership_id": lambda w: w["membership"].pk,
     "invitation_id": lambda w: w["invitation"].pk,
     "token_id": lambda w: w["target_token"].pk,

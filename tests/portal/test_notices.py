@@ -30,7 +30,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.requests.append((dict(self.headers), body))
                 self.send_response(outer.statuses.pop(0) if outer.statuses else 200)
@@ -109,7 +109,9 @@ def test_request_decision_and_budget_threshold_go_through_notify(
     with django_capture_on_commit_callbacks(execute=False):  # the webhook is not called here
         quota_request_decline(actor=staff, request_id=request.pk, reason="no room")
         budget = Budget.objects.create(project=team["a"], monthly_amount=Decimal("100"))
-        _budget_alert(budget, period=budget.project.created_at.date(), threshold=80, spent=Decimal("80"))
+        _budget_alert(
+            budget, period=budget.project.created_at.date(), threshold=80, spent=Decimal("80")
+        )
     kinds = list(WebhookDelivery.objects.order_by("pk").values_list("kind", flat=True))
     assert kinds == [NoticeKind.REQUEST_DECIDED, NoticeKind.BUDGET_THRESHOLD]
     budget_payload = WebhookDelivery.objects.get(kind=NoticeKind.BUDGET_THRESHOLD).payload
@@ -124,7 +126,7 @@ def test_job_moves_mail_the_submitter_and_reach_the_signed_webhook_with_retries(
     team, fleet, celery_live_worker, receiver
 ):
     owner, member = team["owner"], team["member"]
-    webhook, secret = notify.webhook_set(actor=owner, project=team["a"], url=receiver.url)
+    _webhook, secret = notify.webhook_set(actor=owner, project=team["a"], url=receiver.url)
     assert secret and secret.startswith("whsec_")
     job = job_submit(actor=member, project=team["a"], spec=JobSpec(name="t", command="true"))[0]
     for state in (JobState.SCHEDULED, JobState.RUNNING, JobState.FAILED):
