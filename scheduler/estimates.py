@@ -3,6 +3,7 @@ for each GPU model the free GPUs, queued demand and the wait now."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.core.cache import cache
 from django.utils import timezone
 
+from portal.enqueue import enqueue
 from portal.models import Project
 from scheduler import ports
 from scheduler.admission import (
@@ -278,19 +280,48 @@ class ModelAvailability:
 
 AVAILABILITY_KEY = "scheduler:model-availability"
 _COUNTS = ("total_gpus", "free_gpus", "queued_gpus", "estimated_wait")
+AVAILABILITY_REFRESHING = "scheduler:model-availability-refreshing"
+AVAILABILITY_FRESH_SECONDS = 5.0  # younger than this: served as is
+AVAILABILITY_KEEP_SECONDS = 300  # older (up to this): served while a worker recomputes it
 
 
 def model_availability() -> list[ModelAvailability]:
     """Per GPU model: GPUs in the fleet, whole GPUs free now, queued demand, and when a 1-GPU
-    job of that model would start. Cached for a few seconds: the form polls it."""
+    job of that model would start. Computing it plans the whole queue once per model (about
+    a second with a thousand queued jobs), so pages never wait for it once it exists: a copy
+    older than a few seconds is served while a Celery task computes the next one (one at a
+    time); only the first page after a cold cache computes it itself."""
     cached = cache.get(AVAILABILITY_KEY)
-    if isinstance(cached, list):  # plain rows (the cache holds JSON): the models read anew
-        models = GpuModel.objects.in_bulk([row["model"] for row in cached])
-        return [
-            ModelAvailability(model=models[row["model"]], **{k: row[k] for k in _COUNTS})
-            for row in cached
-            if row["model"] in models
-        ]
+    if isinstance(cached, dict) and isinstance(cached.get("rows"), list):
+        if time.time() - float(cached.get("at", 0)) > AVAILABILITY_FRESH_SECONDS and cache.add(
+            AVAILABILITY_REFRESHING, 1, timeout=30
+        ):
+            enqueue("scheduler.model_availability_refresh")
+        return _from_rows(cached["rows"])
+    return model_availability_refresh()
+
+
+def _from_rows(rows: list[dict[str, object]]) -> list[ModelAvailability]:
+    """Plain rows (the cache holds JSON): the models read anew."""
+    models = GpuModel.objects.in_bulk([row["model"] for row in rows])
+    return [
+        ModelAvailability(model=models[row["model"]], **{k: row[k] for k in _COUNTS})  # type: ignore[arg-type]
+        for row in rows
+        if row["model"] in models
+    ]
+
+
+def model_availability_refresh() -> list[ModelAvailability]:
+    """Compute the availability now and cache it (the Celery task, or a cold cache)."""
+    started = time.time()
+    out = _model_availability()
+    rows = [{"model": a.model.pk, **{k: getattr(a, k) for k in _COUNTS}} for a in out]
+    cache.set(AVAILABILITY_KEY, {"at": started, "rows": rows}, timeout=AVAILABILITY_KEEP_SECONDS)
+    cache.delete(AVAILABILITY_REFRESHING)
+    return out
+
+
+def _model_availability() -> list[ModelAvailability]:
     now = timezone.now()
     state = build_state(now=now)
     total: dict[str, int] = defaultdict(int)
@@ -328,9 +359,4 @@ def model_availability() -> list[ModelAvailability]:
                 estimated_wait=wait,
             )
         )
-    cache.set(
-        AVAILABILITY_KEY,
-        [{"model": a.model.pk, **{k: getattr(a, k) for k in _COUNTS}} for a in out],
-        timeout=5,
-    )
     return out

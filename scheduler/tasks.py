@@ -9,7 +9,7 @@ from celery import shared_task
 from django.core.cache import cache
 
 from portal.locks import single_flight
-from scheduler import ports
+from scheduler import estimates, ports
 from scheduler.backends.slurm.tasks import (  # noqa: F401  (registers them)
     slurm_limits,
     slurm_limits_project,
@@ -78,3 +78,14 @@ def autoscale() -> int:
 def job_notices(events: list[list[object]]) -> int:
     """E-mail and webhook notices of job moves (scheduler/notices.py)."""
     return job_notices_send(events=events)
+
+
+@shared_task(
+    name="scheduler.model_availability_refresh",
+    ignore_result=True,
+    time_limit=60,
+    soft_time_limit=50,
+)
+def model_availability_refresh() -> None:
+    """The submit form's and dashboard's availability table, computed off the request path."""
+    estimates.model_availability_refresh()

@@ -136,7 +136,11 @@ def _fresh_short_lived_cache():
     """Cached views of the cluster must not leak from one test's fleet into the next."""
     from django.core.cache import cache
 
-    keys = ["scheduler:model-availability", "scheduler:cycle-requested"]
+    keys = [
+        "scheduler:model-availability",
+        "scheduler:model-availability-refreshing",
+        "scheduler:cycle-requested",
+    ]
     cache.delete_many(keys)
     yield
     cache.delete_many(keys)

@@ -47,11 +47,13 @@ def home(request: HttpRequest) -> HttpResponse:
     """The researcher's dashboard: my active jobs, GPU-hours against quota, models available."""
     user = _user(request)
     projects = list(project_list_visible_to(user=user).select_related("quota"))
-    my_jobs = with_landed_model(
-        job_list_visible_to(user=user)
-        .filter(submitted_by=user, state__in=[*ACTIVE_STATES, JobState.QUEUED])
-        .order_by("state", "-created_at")
-    )[:20]
+    # The 20 ids first, from narrow rows (a long history holds thousands of the user's jobs),
+    # then those jobs with what the table shows.
+    mine = job_list_visible_to(user=user).filter(
+        submitted_by=user, state__in=[*ACTIVE_STATES, JobState.QUEUED]
+    )
+    ids = list(mine.order_by("state", "-created_at").values_list("pk", flat=True)[:20])
+    my_jobs = with_landed_model(mine.filter(pk__in=ids).order_by("state", "-created_at"))
     usage = [{"project": p, "rows": project_quota_usage(project=p)[:2]} for p in projects[:8]]
     return render(
         request,

@@ -348,7 +348,9 @@ JOB_LOG_QUOTA_BYTES = env.int("JOB_LOG_QUOTA_BYTES", default=16 * 1024 * 1024)
 SCHEDULER_SYNC_CYCLE = env.bool("SCHEDULER_SYNC_CYCLE", default=False)
 
 CELERY_TASK_ROUTES = {
-    "scheduler.job_notices": {"queue": "default"},  # mail and webhooks, not the cycle's queue
+    # mail, webhooks and page caches: not on the cycle's queue
+    "scheduler.job_notices": {"queue": "default"},
+    "scheduler.model_availability_refresh": {"queue": "default"},
     "scheduler.*": {"queue": "scheduler"},
     "provisioning.*": {"queue": "provisioning"},
     "telemetry.*": {"queue": "telemetry"},
