@@ -110,7 +110,10 @@ def test_request_decision_and_budget_threshold_go_through_notify(
         quota_request_decline(actor=staff, request_id=request.pk, reason="no room")
         budget = Budget.objects.create(project=team["a"], monthly_amount=Decimal("100"))
         _budget_alert(
-            budget, period=budget.project.created_at.date(), threshold=80, spent=Decimal("80")
+            budget,
+            period=budget.project.created_at.date(),
+            thresholds=[50, 80],
+            spent=Decimal("80"),
         )
     kinds = list(WebhookDelivery.objects.order_by("pk").values_list("kind", flat=True))
     assert kinds == [NoticeKind.REQUEST_DECIDED, NoticeKind.BUDGET_THRESHOLD]

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('portal', '0006_invitations'),
-        ('scheduler', '0010_quota_requests_and_member_cap'),
+        ('scheduler', '0011_allocation_billed_milli'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
