@@ -49,8 +49,8 @@ def job_request_body(job: Job) -> dict[str, Any]:
     body["precisions"] = list(job.precisions or [])
     body["env"] = dict(job.env or {})
     body["priority"] = PriorityClass(job.priority).name.lower()
-    body["gpu_model"] = job.gpu_model.name if job.gpu_model_id else None
-    body["pool"] = job.pool.name if job.pool_id else None
+    body["gpu_model"] = job.gpu_model.name if job.gpu_model is not None else None
+    body["pool"] = job.pool.name if job.pool is not None else None
     body["shard_count"] = job.shard_count or 1
     if job.shard_count and job.shard_count > 1 and job.name.endswith(f"[{job.shard_index}]"):
         body["name"] = job.name[: -len(f"[{job.shard_index}]")]

@@ -468,10 +468,8 @@ class YamlRenderer(renderers.BaseRenderer):
         return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True).encode()
 
 
-class SubmitMixin:
+class SubmitMixin(viewsets.GenericViewSet):  # type: ignore[type-arg]
     """Submitting a request body (resubmission, templates): the create endpoint's steps."""
-
-    request: Request
 
     @property
     def _user(self) -> User:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from datetime import date
-from typing import Any
+from typing import Any, TextIO, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -31,7 +31,7 @@ class Command(BaseCommand):
             run = month_close_start(actor=None, period_start=period, run_in_background=False)
         except DomainError as exc:
             raise CommandError(exc.message) from None
-        err = self.stderr._out  # the real stream, for \r redraws
+        err = cast(TextIO, self.stderr._out)  # the real stream, for \r redraws
         wanted = options["progress"] == "always" or (
             options["progress"] == "auto" and getattr(err, "isatty", lambda: False)()
         )
