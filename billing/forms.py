@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from django import forms
 
+from billing import pricing
 from billing.pricing import RESERVED_TERMS_MONTHS
 from scheduler.models import GpuModel
 
@@ -21,6 +22,22 @@ class BudgetForm(forms.Form):
     preemptible_allowance_percent = forms.IntegerField(
         min_value=0, max_value=100, initial=10, label="Preemptible allowance over the cap (%)"
     )
+    alert_thresholds = forms.CharField(
+        max_length=40,
+        required=False,
+        initial="50, 80, 100",
+        label="Notify the owners at (% of the budget)",
+        help_text="One to five percentages, e.g. 50, 80, 100.",
+    )
+
+    def clean_alert_thresholds(self) -> list[int] | None:
+        text = self.cleaned_data.get("alert_thresholds") or ""
+        if not text.strip():
+            return None
+        try:
+            return pricing.parse_budget_thresholds(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.") from None
 
 
 class ReservationRequestForm(forms.Form):

@@ -541,6 +541,10 @@ class Budget(models.Model):
         validators=[MaxValueValidator(100)],
         help_text="Over a hard cap, preemptible work may spend this much more before all stops.",
     )
+    alert_thresholds = models.JSONField(
+        default=pricing.default_budget_thresholds,
+        help_text="Percentages of the budget that notify the owners (set by them).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -222,11 +222,32 @@ def forecast_month(*, to_date: Decimal, elapsed_seconds: int, month_seconds: int
     return to_cents(to_date * month_seconds / elapsed)
 
 
-def crossed_thresholds(*, spent: Decimal, budget: Decimal) -> list[int]:
-    """Which of 50/80/100 % of `budget` the spend has reached."""
+def crossed_thresholds(
+    *, spent: Decimal, budget: Decimal, thresholds: Sequence[int] | None = None
+) -> list[int]:
+    """Which of the thresholds (% of `budget`; default 50/80/100) the spend has reached."""
     if budget <= 0:
         return []
-    return [t for t in BUDGET_THRESHOLDS if spent * 100 >= budget * t]
+    return [t for t in (thresholds or BUDGET_THRESHOLDS) if spent * 100 >= budget * t]
+
+
+def default_budget_thresholds() -> list[int]:
+    return list(BUDGET_THRESHOLDS)
+
+
+def parse_budget_thresholds(text: str) -> list[int]:
+    """'50, 80, 100' as sorted whole percentages from 1 to 100, at most five; ValueError
+    says what is wrong."""
+    parts = [p.strip().rstrip("%").strip() for p in text.replace(";", ",").split(",")]
+    values = []
+    for part in filter(None, parts):
+        if not part.isdigit() or not 1 <= int(part) <= 100:
+            raise ValueError(f"{part!r} is not a whole percentage from 1 to 100")
+        values.append(int(part))
+    values = sorted(set(values))
+    if not values or len(values) > 5:
+        raise ValueError("give one to five percentages, e.g. 50, 80, 100")
+    return values
 
 
 def fault_credited(

@@ -56,6 +56,9 @@ def usage(request: HttpRequest, slug: str) -> HttpResponse:
             "monthly_amount": budget.monthly_amount if budget else None,
             "hard_cap": budget.hard_cap if budget else False,
             "preemptible_allowance_percent": budget.preemptible_allowance_percent if budget else 10,
+            "alert_thresholds": ", ".join(map(str, budget.alert_thresholds))
+            if budget
+            else "50, 80, 100",
         }
     )
     context = {
@@ -81,7 +84,7 @@ def budget_update(request: HttpRequest, slug: str) -> HttpResponse:
     project = project_get_visible(user=_user(request), slug=slug)
     form = BudgetForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Enter a positive budget and an allowance from 0 to 100 %.")
+        messages.error(request, f"The budget was not saved: {errors_in_words(form)}")
         return redirect("billing:usage", slug=project.slug)
     try:
         if request.POST.get("remove"):

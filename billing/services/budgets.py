@@ -36,8 +36,9 @@ def budget_set(
     monthly_amount: Decimal,
     hard_cap: bool = False,
     preemptible_allowance_percent: int = 10,
+    alert_thresholds: list[int] | None = None,
 ) -> Budget:
-    """Set a project's monthly budget. Owners only."""
+    """Set a project's monthly budget and the percentages that notify. Owners only."""
     require_role(user=actor, project=project, roles=(Role.OWNER,))
     if not Decimal("0.01") <= monthly_amount < MAX_MONEY:
         raise DomainError("A budget is a positive amount in USD.", field="monthly_amount")
@@ -52,6 +53,7 @@ def budget_set(
             "monthly_amount": monthly_amount.quantize(pricing.CENT),
             "hard_cap": hard_cap,
             "preemptible_allowance_percent": preemptible_allowance_percent,
+            "alert_thresholds": _thresholds_valid(alert_thresholds),
         },
     )
     rearmed = [] if created else _rearm_thresholds(budget)
@@ -63,6 +65,7 @@ def budget_set(
         data={
             "amount": str(budget.monthly_amount),
             "hard_cap": hard_cap,
+            "alert_thresholds": budget.alert_thresholds,
             "created": created,
             "rearmed": rearmed,
         },
@@ -78,12 +81,25 @@ def _rearm_thresholds(budget: Budget, *, now: datetime | None = None) -> list[in
     now = now or timezone.now()
     spent = project_spend(project_ids={budget.project_id}, now=now).get(budget.project_id)
     reached = set(
-        pricing.crossed_thresholds(spent=spent or Decimal(0), budget=budget.monthly_amount)
+        pricing.crossed_thresholds(
+            spent=spent or Decimal(0),
+            budget=budget.monthly_amount,
+            thresholds=budget.alert_thresholds,
+        )
     )
     alerts = BudgetAlert.objects.filter(project_id=budget.project_id, period_start=period_of(now))
     rearm = sorted(t for t in alerts.values_list("threshold", flat=True) if t not in reached)
     alerts.filter(threshold__in=rearm).delete()
     return rearm
+
+
+def _thresholds_valid(thresholds: list[int] | None) -> list[int]:
+    if thresholds is None:
+        return pricing.default_budget_thresholds()
+    try:
+        return pricing.parse_budget_thresholds(",".join(str(t) for t in thresholds))
+    except ValueError as exc:
+        raise DomainError(f"Alert thresholds: {exc}.", field="alert_thresholds") from None
 
 
 @transaction.atomic
@@ -109,7 +125,9 @@ def budgets_check(*, now: datetime | None = None) -> list[BudgetAlert]:
     alerts: list[BudgetAlert] = []
     for budget in budgets:
         spent = spend.get(budget.project_id, Decimal(0))
-        crossed = pricing.crossed_thresholds(spent=spent, budget=budget.monthly_amount)
+        crossed = pricing.crossed_thresholds(
+            spent=spent, budget=budget.monthly_amount, thresholds=budget.alert_thresholds
+        )
         if crossed:
             alert = _budget_alert(budget, period=period, thresholds=crossed, spent=spent)
             if alert is not None:

@@ -147,3 +147,44 @@ def test_dry_run_quotes_from_the_price_list(lab, api):
         on_demand_per_gpu_hour=Decimal("1.2345"),
     )
     assert selectors.quote_rate(gpu_model=lab["h100"], preemptible=False) == Decimal("1.2345")
+
+
+def test_owners_choose_the_alert_thresholds(lab, place, client, django_capture_on_commit_callbacks):
+    client.force_login(lab["owner"])
+    budget_amount = (rate(lab) * 10).quantize(Decimal("0.01"))
+    url = "/billing/projects/alpha/budget/"
+    resp = client.post(
+        url,
+        {
+            "monthly_amount": budget_amount,
+            "preemptible_allowance_percent": "10",
+            "alert_thresholds": "90, 25",
+        },
+    )
+    assert resp.status_code == 302
+    assert lab["a"].budget.alert_thresholds == [25, 90]
+    page = client.get("/billing/projects/alpha/usage/").content.decode()
+    assert "25, 90" in page
+    for bad in ("0, 50", "50, 101", "fifty", "1,2,3,4,5,6"):
+        resp = client.post(
+            url,
+            {
+                "monthly_amount": budget_amount,
+                "preemptible_allowance_percent": "10",
+                "alert_thresholds": bad,
+            },
+            follow=True,
+        )
+        assert "The budget was not saved" in resp.content.decode(), bad
+    lab["a"].budget.refresh_from_db()
+    assert lab["a"].budget.alert_thresholds == [25, 90]
+    client.force_login(lab["member"])
+    client.post(
+        url, {"monthly_amount": "1", "preemptible_allowance_percent": "10", "alert_thresholds": "1"}
+    )
+    assert lab["a"].budget.alert_thresholds == [25, 90]  # members do not set them
+
+    spend_hours(place, 3)  # 30 %: past 25, where the default thresholds say nothing yet
+    with django_capture_on_commit_callbacks(execute=True):
+        assert [a.threshold for a in services.budgets_check()] == [25]
+    assert "(25 %)" in mail.outbox[-1].body
