@@ -53,7 +53,12 @@ def budget_set(
             "monthly_amount": monthly_amount.quantize(pricing.CENT),
             "hard_cap": hard_cap,
             "preemptible_allowance_percent": preemptible_allowance_percent,
-            "alert_thresholds": _thresholds_valid(alert_thresholds),
+            # None keeps the thresholds as they are (a new budget: 50/80/100)
+            **(
+                {"alert_thresholds": _thresholds_valid(alert_thresholds)}
+                if alert_thresholds is not None
+                else {}
+            ),
         },
     )
     rearmed = [] if created else _rearm_thresholds(budget)
@@ -93,9 +98,7 @@ def _rearm_thresholds(budget: Budget, *, now: datetime | None = None) -> list[in
     return rearm
 
 
-def _thresholds_valid(thresholds: list[int] | None) -> list[int]:
-    if thresholds is None:
-        return pricing.default_budget_thresholds()
+def _thresholds_valid(thresholds: list[int]) -> list[int]:
     try:
         return pricing.parse_budget_thresholds(",".join(str(t) for t in thresholds))
     except ValueError as exc:

@@ -149,7 +149,9 @@ def test_dry_run_quotes_from_the_price_list(lab, api):
     assert selectors.quote_rate(gpu_model=lab["h100"], preemptible=False) == Decimal("1.2345")
 
 
-def test_owners_choose_the_alert_thresholds(lab, place, client, django_capture_on_commit_callbacks):
+def test_owners_choose_the_alert_thresholds(
+    lab, place, client, api, django_capture_on_commit_callbacks
+):
     client.force_login(lab["owner"])
     budget_amount = (rate(lab) * 10).quantize(Decimal("0.01"))
     url = "/billing/projects/alpha/budget/"
@@ -183,6 +185,16 @@ def test_owners_choose_the_alert_thresholds(lab, place, client, django_capture_o
         url, {"monthly_amount": "1", "preemptible_allowance_percent": "10", "alert_thresholds": "1"}
     )
     assert lab["a"].budget.alert_thresholds == [25, 90]  # members do not set them
+
+    # the API sets the amount and keeps the owners' thresholds
+    resp = api(lab["owner"]).put(
+        "/api/v1/billing/projects/alpha/budget",
+        {"monthly_amount": str(budget_amount)},
+        format="json",
+    )
+    assert resp.status_code == 200
+    lab["a"].budget.refresh_from_db()
+    assert lab["a"].budget.alert_thresholds == [25, 90]
 
     spend_hours(place, 3)  # 30 %: past 25, where the default thresholds say nothing yet
     with django_capture_on_commit_callbacks(execute=True):
