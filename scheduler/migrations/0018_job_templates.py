@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('portal', '0006_invitations'),
-        ('scheduler', '0011_allocation_billed_milli'),
+        ('scheduler', '0017_images_curated_registries_allowed'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0003_reserved_plan_versions'),
+        ('billing', '0005_issued_invoices_immutable'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0004_month_close'),
+        ('billing', '0006_month_close'),
     ]
 
     operations = [
