@@ -257,6 +257,7 @@ RULES: dict[str, Rule] = {
     "billing:usage-focus": Rule({"get": PROJECT_PAGE}),
     "billing:invoice": Rule({"get": PROJECT_PAGE}),
     "billing:invoice-pdf": Rule({"get": PROJECT_PAGE}),
+    "billing:invoice-focus": Rule({"get": PROJECT_PAGE}),
     "billing:invoice-line": Rule({"get": PROJECT_PAGE}),
     "billing:revenue": Rule({"get": STAFF_PAGE}),
     # Stripe authenticates with its signature, not a session: unsigned is 400 for everyone.
