@@ -133,12 +133,17 @@ def jobs_transition_bulk(
     data: Mapping[int, dict[str, Any]] | None = None,
     update_fields: Sequence[str] = (),
     now: datetime | None = None,
+    end_reason: str | None = None,
 ) -> int:
-    """`job_transition` for many jobs at once (the scheduling cycle's placements).
+    """`job_transition` for many jobs at once (the scheduling cycle's placements, a Slurm sync
+    pass's changes).
 
     `rows` are `(pk, current state, *values of update_fields)` for rows the caller has locked;
     every move is checked against the same table and every job gets its JobEvent. Plain rows
-    and two statements, whatever the count: no model instances.
+    and a few statements, whatever the count: no model instances. A move that leaves GPUs
+    behind ends the jobs' open allocations (`end_reason`, or the target state's) in one
+    statement; a move to a final state clears the wait fields and sets `finished_at`, as
+    `job_transition` does.
     """
     if not rows:
         return 0
@@ -148,17 +153,28 @@ def jobs_transition_bulk(
     if to == S.QUEUED:
         fields.append("queued_at")
         extra = (now,)
+    if to in (S.SUCCEEDED, S.FAILED, S.CANCELLED, S.REJECTED):
+        final: dict[str, Any] = {
+            "finished_at": now,
+            "pending_reason": "",
+            "pending_message": "",
+            "queue_position": None,
+            "estimated_start_at": None,
+        }
+        fields += [f for f in final if f not in update_fields]
+        extra = tuple(v for f, v in final.items() if f not in update_fields)
     updates = []
     events = []
     placed = []  # jobs that now hold GPUs: their nodes' allocations changed
     moved_on_nodes = []  # jobs whose move changes what their nodes run or stop
+    released = []  # jobs that leave their GPUs behind
     for pk, current, *values in rows:
         if not can_transition(current, to):
             raise Conflict(
                 f"Job {pk} is {current}; it cannot become {to}.", code="invalid_transition"
             )
         if current in HOLDS_GPUS and to not in HOLDS_GPUS:
-            raise Conflict("Bulk transitions do not release GPUs; use job_transition.")
+            released.append(pk)
         updates.append((pk, to, now, *values, *extra))
         events.append(
             (
@@ -181,17 +197,25 @@ def jobs_transition_bulk(
     job_notices_after_commit(
         [(e[0], kind, e[6]) for e in events if (kind := notice_kind(e[2], to)) is not None]
     )
-    if moved_on_nodes or (placed and ports.ALLOCATION_LISTENERS):
+    if moved_on_nodes or ((placed or released) and ports.ALLOCATION_LISTENERS):
         # the caller created the placed jobs' allocations before this call
         pairs = list(
             Allocation.objects.filter(
-                AnyOf(F("job_id"), [*{*moved_on_nodes, *placed}]), ended_at__isnull=True
+                AnyOf(F("job_id"), [*{*moved_on_nodes, *placed, *released}]),
+                ended_at__isnull=True,
             ).values_list("job_id", "node_id")
         )
-        moved, started = set(moved_on_nodes), set(placed)
+    else:
+        pairs = []
+    if released:
+        Allocation.objects.filter(AnyOf(F("job_id"), released), ended_at__isnull=True).update(
+            ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, "")
+        )
+    if pairs:
+        moved, changed = set(moved_on_nodes), {*placed, *released}
         assignments_changed({node for job, node in pairs if job in moved})
-        if started:
-            ports.allocations_changed(node_ids={node for job, node in pairs if job in started})
+        if changed:
+            ports.allocations_changed(node_ids={node for job, node in pairs if job in changed})
     return updated
 
 

@@ -430,3 +430,51 @@ def test_a_failed_shard_fails_the_slurm_merge_and_scancels_it(slurm_pool, team, 
     while squeue_field(link.slurm_job_id, "%T") and time.monotonic() < deadline:
         time.sleep(0.3)
     assert squeue_field(link.slurm_job_id, "%T") == ""
+
+
+def _finished_in_slurm(links: list[SlurmJob], timeout: float = 60) -> None:
+    """Until sacct (what a pass reads for jobs gone from the queue) has every job completed."""
+    ids = ",".join(link.slurm_job_id for link in links)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = slurm("sacct", "-n", "-X", "-P", "-j", ids, "-o", "State").split()
+        if len(states) == len(links) and set(states) == {"COMPLETED"}:
+            return
+        assert time.monotonic() < deadline, states
+        time.sleep(0.3)
+
+
+def test_a_burst_of_slurm_changes_is_one_pass_of_bulk_statements(slurm_pool, team, api):
+    """A pass that meets many changed jobs applies them together: the statements it runs do not
+    grow with the number of jobs (issue 17: each change was its own ~20-statement transaction,
+    so a burst of hundreds kept the portal 30-50 s behind Slurm)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduler.backends.slurm.sync import sync_pool
+
+    statements = {}
+    for count in (2, 6):
+        jobs = [submit(api, team["member"], command="true") for _ in range(count)]
+        run_cycle()  # the hand-off: sbatch for each
+        links = list(SlurmJob.objects.filter(job__in=jobs))
+        assert len(links) == count
+        _finished_in_slurm(links)
+        with CaptureQueriesContext(connection) as queries:
+            sync_pool(slurm_pool)  # the portal has not seen them run: queued → succeeded
+        statements[count] = [q["sql"] for q in queries.captured_queries]
+        for job in jobs:
+            job.refresh_from_db()
+            assert job.state == S.SUCCEEDED, (job.pk, job.state, job.pending_message)
+            assert job.exit_code == 0 and job.finished_at is not None
+            moves = [(e.from_state, e.to_state) for e in job.events.order_by("pk")]
+            assert [m for m in moves if m[0] != m[1]][-3:] == [
+                (S.PENDING, S.QUEUED),  # the submit
+                (S.QUEUED, S.SCHEDULED),  # with the GPUs Slurm gave it
+                (S.SCHEDULED, S.SUCCEEDED),
+            ]
+            (alloc,) = Allocation.objects.filter(job=job)
+            # Slurm's own start and end times, not the moment the pass noticed
+            assert alloc.started_at <= alloc.ended_at < job.finished_at
+            assert alloc.end_reason == Allocation.EndReason.COMPLETED
+    assert len(statements[6]) == len(statements[2]), "\n".join(statements[6])

@@ -17,11 +17,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from portal.db import bulk_update_rows
 from scheduler.backends.slurm.client import SlurmError, cluster_for
 from scheduler.backends.slurm.models import SlurmJob
 from scheduler.backends.slurm.nodes import hostlist, mirror_name, parse_indexes, sync_nodes
-from scheduler.models import Allocation, Gpu, Job, JobEvent, JobState, Node, Pool
-from scheduler.transitions import TRANSITIONS, job_transition
+from scheduler.models import Allocation, Gpu, Job, JobEvent, JobState, Pool
+from scheduler.transitions import TRANSITIONS, jobs_transition_bulk
 
 S = JobState
 ACTOR = "slurm"
@@ -227,37 +228,50 @@ def sync_pool(pool: Pool) -> dict[str, int]:
             }
         except SlurmError:
             done = {}
-    moved = 0
-    for link in links:
-        record = queue.get(link.slurm_job_id) or done.get(link.slurm_job_id)
-        if record is None or _unchanged(link, record):
-            continue  # a waiting job Slurm says the same of costs no lock and no write
-        if apply(link, record):
-            moved += 1
+    changes = [
+        (link, record)
+        for link in links
+        if (record := queue.get(link.slurm_job_id) or done.get(link.slurm_job_id)) is not None
+        # a waiting job Slurm says the same of costs no lock and no write
+        and not _unchanged(link, record)
+    ]
+    moved = apply_all(pool, changes)
     cfg.last_sync_at = timezone.now()
     cfg.last_error = ""
     cfg.save(update_fields=["last_sync_at", "last_error"])
     return {"seen": len(links), "moved": moved}
 
 
-def _gpus_for(pool: Pool, record: dict[str, Any], count_hint: int) -> list[Gpu]:
-    """The mirrored GPUs Slurm gave the job (squeue's gres_detail per node, in node order)."""
-    from scheduler.backends.slurm.nodes import parse_gres
+class _Mirror:
+    """The pool's mirrored nodes and their GPUs, read once per pass (when a job starts)."""
 
-    names = hostlist(record.get("nodes") or "")
-    details = record.get("gres_detail") or []
-    gpus: list[Gpu] = []
-    for i, name in enumerate(names):
-        node = Node.objects.filter(name=mirror_name(pool, name)).first()
-        if node is None:
-            continue
-        detail = details[i] if i < len(details) else ""
-        idx = parse_indexes(detail)
-        if not idx:
-            per_node = sum(c for _, c in parse_gres(detail)) or max(1, count_hint // len(names))
-            idx = list(range(per_node))
-        gpus.extend(Gpu.objects.filter(node=node, index__in=idx).order_by("index"))
-    return gpus
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self._gpus: dict[str, dict[int, Gpu]] | None = None
+
+    def gpus(self, record: dict[str, Any], count_hint: int) -> list[Gpu]:
+        """The mirrored GPUs Slurm gave the job (squeue's gres_detail per node, in node order)."""
+        from scheduler.backends.slurm.nodes import parse_gres
+
+        if self._gpus is None:
+            self._gpus = {}
+            prefix = mirror_name(self.pool, "")
+            for gpu in Gpu.objects.filter(node__name__startswith=prefix).select_related("node"):
+                self._gpus.setdefault(gpu.node.name, {})[gpu.index] = gpu
+        names = hostlist(record.get("nodes") or "")
+        details = record.get("gres_detail") or []
+        gpus: list[Gpu] = []
+        for i, name in enumerate(names):
+            on_node = self._gpus.get(mirror_name(self.pool, name))
+            if on_node is None:
+                continue
+            detail = details[i] if i < len(details) else ""
+            idx = parse_indexes(detail)
+            if not idx:
+                per_node = sum(c for _, c in parse_gres(detail)) or max(1, count_hint // len(names))
+                idx = list(range(per_node))
+            gpus.extend(on_node[x] for x in sorted(set(idx)) if x in on_node)
+        return gpus
 
 
 def _unchanged(link: SlurmJob, record: dict[str, Any]) -> bool:
@@ -270,12 +284,44 @@ def _unchanged(link: SlurmJob, record: dict[str, Any]) -> bool:
     )
 
 
-@transaction.atomic
+@dataclass
+class _Change:
+    job: Job
+    link: SlurmJob
+    record: dict[str, Any]
+    t: Translation
+    restarts: int
+    exit_code: Any
+    start: datetime | None
+    end: datetime | None
+    steps: list[str]
+    before: str
+
+
+CHUNK = 500  # changes per transaction: a burst of thousands holds no lock for long
+
+
+def apply_all(pool: Pool, changes: list[tuple[SlurmJob, dict[str, Any]]]) -> int:
+    """Bring our jobs to what Slurm says; returns how many changed state.
+
+    One pass's changes go together: one lock statement for all of them, then each step of the
+    transition table (queued → scheduled → running → succeeded) for every job that takes it as
+    one bulk transition with its events, the allocations of the jobs Slurm started in one
+    insert, and the links, Slurm's end times and the pending messages in one update each: a
+    fixed number of statements per pass, not ~20 per job (issue 17's burst latency).
+    """
+    moved = 0
+    for i in range(0, len(changes), CHUNK):
+        moved += _apply_chunk(pool, changes[i : i + CHUNK])
+    return moved
+
+
 def apply(link: SlurmJob, record: dict[str, Any]) -> bool:
-    """Bring our job to what Slurm says. True when our state changed."""
-    job = Job.objects.select_for_update().get(pk=link.job_id)
-    if job.is_terminal:
-        return False
+    """Bring one job to what Slurm says. True when our state changed."""
+    return apply_all(link.pool, [(link, record)]) > 0
+
+
+def _plan(job: Job, link: SlurmJob, record: dict[str, Any], now: datetime) -> _Change:
     restarts = int(record.get("restart_cnt") or 0)
     exit_code = record.get("exit_code")
     t = translate(
@@ -287,86 +333,172 @@ def apply(link: SlurmJob, record: dict[str, Any]) -> bool:
     link.state = str(record.get("job_state", ""))[:32]
     link.reason = str(record.get("state_reason", ""))[:64]
     link.nodes = str(record.get("nodes") or "")[:500]
-    link.seen_at = timezone.now()
+    link.seen_at = now
     requeued = restarts > link.restarts
     link.restarts = max(link.restarts, restarts)
-    link.save(update_fields=["state", "reason", "nodes", "seen_at", "restarts"])
-    start = _when(record.get("start_time"))
-    end = _when(record.get("end_time"))
-    before = job.state
     steps = path(job.state, t.state)
     if requeued and job.state in (S.SCHEDULED, S.STARTING, S.RUNNING):
         # Slurm requeued it (preempted) since the last pass: the old run ends here, even when
         # the new one already runs
         steps = path(job.state, S.QUEUED) + path(S.QUEUED, t.state)
-    for to in steps:
-        fields: tuple[str, ...] = ()
-        if to == S.SCHEDULED:
-            job.attempt = restarts + 1
-            fields = ("attempt",)
-        if to == S.RUNNING and start is not None:
-            job.started_at = job.started_at or start
-            fields = ("started_at",)
-        if to in (S.FAILED, S.CANCELLED) and t.words:
-            job.failure_reason = t.words[:500]
-            fields = ("failure_reason",)
-        if to == S.SUCCEEDED and isinstance(exit_code, int):
-            job.exit_code = exit_code
-            fields = ("exit_code",)
-        if to == S.QUEUED:
-            job.restarts = restarts
-            fields = ("restarts",)
-        job_transition(
-            job=job,
-            to=to,
-            reason=f"Slurm: {link.state or '?'} ({t.words or link.reason or 'no reason'})",
-            actor_label=ACTOR,
-            data={"slurm_job_id": link.slurm_job_id, "slurm_state": link.state},
-            update_fields=fields,
-            end_reason=(Allocation.EndReason.PREEMPTED if to == S.QUEUED else None),
-        )
-        if to == S.SCHEDULED:
-            _allocate(job, link, record, start or timezone.now())
-    if job.state not in (S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTING) and end is not None:
-        # Slurm's end time, not the moment this pass noticed (metering reads the same from sacct)
-        Allocation.objects.filter(job=job, attempt=job.attempt, meter__isnull=True).exclude(
-            ended_at=None
-        ).update(ended_at=end)
-    if job.state == S.QUEUED:
-        message = t.words if t.state == S.QUEUED else job.pending_message
-        if message != job.pending_message or job.pending_reason != "slurm":
-            job.pending_reason, job.pending_message = "slurm", message[:500]
-            job.save(update_fields=["pending_reason", "pending_message"])
-    return job.state != before
+    return _Change(
+        job,
+        link,
+        record,
+        t,
+        restarts,
+        exit_code,
+        _when(record.get("start_time")),
+        _when(record.get("end_time")),
+        steps,
+        job.state,
+    )
 
 
-def _allocate(job: Job, link: SlurmJob, record: dict[str, Any], start: datetime) -> None:
-    gpus = _gpus_for(link.pool, record, job.gpu_count)
+def _step_value(c: _Change, to: str, now: datetime) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The fields a step sets besides the state (as `apply` always did), and their values."""
+    job = c.job
+    if to == S.SCHEDULED:
+        job.attempt = c.restarts + 1
+        return ("attempt",), (job.attempt,)
+    if to == S.RUNNING:
+        job.started_at = job.started_at or c.start or now
+        return ("started_at",), (job.started_at,)
+    if to in (S.FAILED, S.CANCELLED):
+        job.failure_reason = c.t.words[:500] if c.t.words else job.failure_reason
+        return ("failure_reason",), (job.failure_reason,)
+    if to == S.SUCCEEDED:
+        job.exit_code = c.exit_code if isinstance(c.exit_code, int) else job.exit_code
+        return ("exit_code",), (job.exit_code,)
+    if to == S.QUEUED:
+        job.restarts = c.restarts
+        return ("restarts",), (job.restarts,)
+    return (), ()
+
+
+FIELDS_FOR: dict[str, tuple[str, ...]] = {
+    S.SCHEDULED: ("attempt",),
+    S.RUNNING: ("started_at",),
+    S.FAILED: ("failure_reason",),
+    S.CANCELLED: ("failure_reason",),
+    S.SUCCEEDED: ("exit_code",),
+    S.QUEUED: ("restarts",),
+}
+
+
+@transaction.atomic
+def _apply_chunk(pool: Pool, pairs: list[tuple[SlurmJob, dict[str, Any]]]) -> int:
+    now = timezone.now()
+    by_job = {link.job_id: (link, record) for link, record in pairs}
+    locked = Job.objects.select_for_update().filter(pk__in=sorted(by_job)).order_by("pk")
+    changes = [_plan(job, *by_job[job.pk], now) for job in locked if not job.is_terminal]
+    mirror = _Mirror(pool)
+    for k in range(max((len(c.steps) for c in changes), default=0)):
+        by_target: dict[str, list[_Change]] = {}
+        for c in changes:
+            if k < len(c.steps):
+                by_target.setdefault(c.steps[k], []).append(c)
+        for to, group in by_target.items():
+            rows = []
+            for c in group:
+                fields, values = _step_value(c, to, now)
+                assert fields == FIELDS_FOR.get(to, ())
+                rows.append((c.job.pk, c.job.state, *values))
+            if to == S.SCHEDULED:
+                _allocate(mirror, group)  # before the move: its listeners see the GPUs
+            jobs_transition_bulk(
+                rows=rows,
+                to=to,
+                reasons={
+                    c.job.pk: f"Slurm: {c.link.state or '?'} "
+                    f"({c.t.words or c.link.reason or 'no reason'})"
+                    for c in group
+                },
+                actor_label=ACTOR,
+                data={
+                    c.job.pk: {"slurm_job_id": c.link.slurm_job_id, "slurm_state": c.link.state}
+                    for c in group
+                },
+                update_fields=FIELDS_FOR.get(to, ()),
+                now=now,
+                end_reason=Allocation.EndReason.PREEMPTED if to == S.QUEUED else None,
+            )
+            for c in group:
+                c.job.state = to
+    _slurm_end_times(changes)
+    waiting = []
+    for c in changes:
+        if c.job.state == S.QUEUED:
+            message = c.t.words if c.t.state == S.QUEUED else c.job.pending_message
+            if message != c.job.pending_message or c.job.pending_reason != "slurm":
+                waiting.append((c.job.pk, "slurm", message[:500]))
+    bulk_update_rows(Job, ["pending_reason", "pending_message"], waiting)
+    bulk_update_rows(
+        SlurmJob,
+        ["state", "reason", "nodes", "seen_at", "restarts"],
+        [
+            (c.link.pk, c.link.state, c.link.reason, c.link.nodes, now, c.link.restarts)
+            for c in changes
+        ],
+    )
+    return sum(c.job.state != c.before for c in changes)
+
+
+def _slurm_end_times(changes: list[_Change]) -> None:
+    """Slurm's end time on the allocations of the runs that ended, not the moment this pass
+    noticed (metering reads the same from sacct)."""
+    ended = {
+        c.job.pk: c
+        for c in changes
+        if c.end is not None
+        and c.job.state not in (S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTING)
+    }
+    if not ended:
+        return
     rows = [
-        Allocation(
-            job=job,
-            gpu=gpu,
-            node_id=gpu.node_id,
-            attempt=job.attempt,
-            share_milli=1000,
-            billed_milli=1000,  # a whole GPU
-            memory_mib=gpu.memory_mib,
-            gpu_model_id=gpu.model_id,
-            borrowed=job.borrowed,
-            started_at=start,
-        )
-        for gpu in gpus
+        (pk, ended[job_id].end)
+        for pk, job_id, attempt in Allocation.objects.filter(
+            job_id__in=list(ended), meter__isnull=True, ended_at__isnull=False
+        ).values_list("pk", "job_id", "attempt")
+        if attempt == ended[job_id].job.attempt
     ]
+    bulk_update_rows(Allocation, ["ended_at"], rows)
+
+
+def _allocate(mirror: _Mirror, group: list[_Change]) -> None:
+    rows = []
+    unmatched = []
+    for c in group:
+        job = c.job
+        gpus = mirror.gpus(c.record, job.gpu_count)
+        rows += [
+            Allocation(
+                job=job,
+                gpu=gpu,
+                node_id=gpu.node_id,
+                attempt=job.attempt,
+                share_milli=1000,
+                billed_milli=1000,  # a whole GPU
+                memory_mib=gpu.memory_mib,
+                gpu_model_id=gpu.model_id,
+                borrowed=job.borrowed,
+                started_at=c.start or timezone.now(),
+            )
+            for gpu in gpus
+        ]
+        if not gpus:
+            unmatched.append(
+                JobEvent(
+                    job=job,
+                    from_state=S.SCHEDULED,
+                    to_state=S.SCHEDULED,
+                    actor_label=ACTOR,
+                    reason=f"Slurm runs it on {c.link.nodes or '?'}, but no mirrored GPU "
+                    "matches: its usage is metered from sacct",
+                )
+            )
     Allocation.objects.bulk_create(rows, ignore_conflicts=True)
-    if not rows:
-        JobEvent.objects.create(
-            job=job,
-            from_state=job.state,
-            to_state=job.state,
-            actor_label=ACTOR,
-            reason=f"Slurm runs it on {link.nodes or '?'}, but no mirrored GPU matches: "
-            "its usage is metered from sacct",
-        )
+    JobEvent.objects.bulk_create(unmatched)
 
 
 def sync_all() -> dict[str, int]:
