@@ -355,27 +355,7 @@ def _plan(job: Job, link: SlurmJob, record: dict[str, Any], now: datetime) -> _C
     )
 
 
-def _step_value(c: _Change, to: str, now: datetime) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    """The fields a step sets besides the state (as `apply` always did), and their values."""
-    job = c.job
-    if to == S.SCHEDULED:
-        job.attempt = c.restarts + 1
-        return ("attempt",), (job.attempt,)
-    if to == S.RUNNING:
-        job.started_at = job.started_at or c.start or now
-        return ("started_at",), (job.started_at,)
-    if to in (S.FAILED, S.CANCELLED):
-        job.failure_reason = c.t.words[:500] if c.t.words else job.failure_reason
-        return ("failure_reason",), (job.failure_reason,)
-    if to == S.SUCCEEDED:
-        job.exit_code = c.exit_code if isinstance(c.exit_code, int) else job.exit_code
-        return ("exit_code",), (job.exit_code,)
-    if to == S.QUEUED:
-        job.restarts = c.restarts
-        return ("restarts",), (job.restarts,)
-    return (), ()
-
-
+# The fields a step sets besides the state (as the one-job `apply` always did).
 FIELDS_FOR: dict[str, tuple[str, ...]] = {
     S.SCHEDULED: ("attempt",),
     S.RUNNING: ("started_at",),
@@ -384,6 +364,27 @@ FIELDS_FOR: dict[str, tuple[str, ...]] = {
     S.SUCCEEDED: ("exit_code",),
     S.QUEUED: ("restarts",),
 }
+
+
+def _step_values(c: _Change, to: str, now: datetime) -> tuple[Any, ...]:
+    """The values of `FIELDS_FOR[to]` for this job (set on the job too)."""
+    job = c.job
+    if to == S.SCHEDULED:
+        job.attempt = c.restarts + 1
+        return (job.attempt,)
+    if to == S.RUNNING:
+        job.started_at = job.started_at or c.start or now
+        return (job.started_at,)
+    if to in (S.FAILED, S.CANCELLED):
+        job.failure_reason = c.t.words[:500] if c.t.words else job.failure_reason
+        return (job.failure_reason,)
+    if to == S.SUCCEEDED:
+        job.exit_code = c.exit_code if isinstance(c.exit_code, int) else job.exit_code
+        return (job.exit_code,)
+    if to == S.QUEUED:
+        job.restarts = c.restarts
+        return (job.restarts,)
+    return ()
 
 
 @transaction.atomic
@@ -399,11 +400,7 @@ def _apply_chunk(pool: Pool, pairs: list[tuple[SlurmJob, dict[str, Any]]]) -> in
             if k < len(c.steps):
                 by_target.setdefault(c.steps[k], []).append(c)
         for to, group in by_target.items():
-            rows = []
-            for c in group:
-                fields, values = _step_value(c, to, now)
-                assert fields == FIELDS_FOR.get(to, ())
-                rows.append((c.job.pk, c.job.state, *values))
+            rows = [(c.job.pk, c.job.state, *_step_values(c, to, now)) for c in group]
             if to == S.SCHEDULED:
                 _allocate(mirror, group)  # before the move: its listeners see the GPUs
             jobs_transition_bulk(
