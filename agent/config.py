@@ -32,6 +32,8 @@ class Config:
     sim_gpus: str = DEFAULT_SIM_GPUS
     sim_seed: int | None = None
     hostname: str = field(default_factory=socket.gethostname)
+    # where other nodes reach this node's jobs (a gang's MASTER_ADDR); "" : the hostname
+    address: str = ""
     # None: use what the portal answers at registration (else the defaults below).
     heartbeat_interval_s: float | None = None
     poll_interval_s: float | None = None
@@ -94,6 +96,7 @@ class Config:
             sim_gpus=args.sim_gpus,
             sim_seed=args.sim_seed,
             hostname=args.hostname or socket.gethostname(),
+            address=args.address,
             heartbeat_interval_s=args.heartbeat_interval,
             poll_interval_s=args.poll_interval,
             request_timeout_s=args.request_timeout,
@@ -152,6 +155,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="seed for simulated telemetry (env AGENT_SIM_SEED)",
     )
     p.add_argument("--hostname", default=env.get("AGENT_HOSTNAME", ""), help="env AGENT_HOSTNAME")
+    p.add_argument(
+        "--address",
+        default=env.get("AGENT_ADDRESS", ""),
+        help="address other nodes reach this node's jobs at, a gang's MASTER_ADDR "
+        "(env AGENT_ADDRESS; default: the hostname)",
+    )
     p.add_argument(
         "--heartbeat-interval",
         type=float,

@@ -174,6 +174,7 @@ class Agent:
         cpu_milli, memory_mib = host_resources()
         return {
             "hostname": self.config.hostname,
+            "address": self.config.address or self.config.hostname,
             "simulated": bool(inventory.get("simulated")),
             "driver_version": inventory.get("driver_version"),
             "cuda_version": inventory.get("cuda_version"),

@@ -39,7 +39,8 @@ FAILURE_TEXT: dict[str, str] = {
 
 LOG_STREAMS: tuple[str, ...] = ("stdout", "stderr")
 ACTIONS: tuple[str, ...] = ("run", "stop")
-STOP_REASONS: tuple[str, ...] = ("preempt", "cancel")
+# "resize": an elastic job stops to checkpoint and restart at a new size (reported as preempted)
+STOP_REASONS: tuple[str, ...] = ("preempt", "cancel", "resize")
 
 
 # -- agent → portal -------------------------------------------------------------------------------
@@ -57,6 +58,7 @@ class Register(TypedDict):
     """POST /register."""
 
     hostname: str
+    address: NotRequired[str]  # where other nodes reach its jobs (a gang's MASTER_ADDR)
     simulated: NotRequired[bool]
     driver_version: NotRequired[str]
     cuda_version: NotRequired[str]
@@ -244,11 +246,14 @@ PLATFORM_ENV: frozenset[str] = frozenset(
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
         "CUDA_MPS_PIPE_DIRECTORY",
-        # rendezvous of a multi-node job, when the portal sets one
+        # the rendezvous torchrun and torch.distributed read (scheduler/gangs.py)
         "MASTER_ADDR",
         "MASTER_PORT",
         "WORLD_SIZE",
         "RANK",
         "NODE_RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NNODES",
     }
 )

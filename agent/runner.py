@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 # What a stop is reported as, by the portal's stop_reason.
 EXIT_REASON_BY_STOP_REASON: dict[str | None, str] = {
     "preempt": "preempted",
+    "resize": "preempted",
     "cancel": "cancelled",
     None: "killed",
 }
@@ -221,6 +223,13 @@ def agent_source_root() -> str | None:
     """
     root = Path(__file__).resolve().parent.parent
     return None if root.name in ("site-packages", "dist-packages") else str(root)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's choice, as torchrun's standalone mode)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def _boot_id() -> str:
@@ -449,6 +458,8 @@ class Runner:
         checkpoint = self.checkpoint_dir(a)
         if checkpoint is not None:
             env["CHECKPOINT_DIR"] = str(checkpoint)
+        if env.get("MASTER_ADDR") and not env.get("MASTER_PORT"):
+            env["MASTER_PORT"] = str(free_port())  # one node's rendezvous: a port free here
         # Set last, so nothing in the job's own env can widen its view of the node's GPUs.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpu_uuids)
         for key in PER_JOB_CUDA_ENV - {"CUDA_VISIBLE_DEVICES"}:

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.db import bulk_update_rows, insert_rows
-from scheduler import backends, ports
+from scheduler import backends, elastic, gangs, ports
 from scheduler import cycle_reads as reads
 from scheduler.core.model import (
     GpuView,
@@ -37,6 +37,7 @@ from scheduler.core.model import (
     planned_runtime_s,
 )
 from scheduler.core.plan import QUEUE_POLICIES, Plan, PolicyConfig, plan
+from scheduler.core.reasons import PendingReason
 from scheduler.core.scorers import SCORER_NAMES
 from scheduler.dependencies import dependencies_settle
 from scheduler.models import (
@@ -184,6 +185,7 @@ def build_state(
     """
     # Active allocations with their job's columns in one read (consistent, no id list).
     active = reads.ACTIVE_ALLOCATIONS.rows()
+    now_s = ts(now)
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
     by_job: dict[int, list[reads.ActiveAllocationRow]] = defaultdict(list)
@@ -204,13 +206,18 @@ def build_state(
         for node_id, count in per_node.items():
             node_cpu[node_id] += job.job_cpu_milli * count // len(allocs)
             node_mem[node_id] += job.job_memory_mib * count // len(allocs)
+        started_s = min(a.started_s for a in allocs)
+        # Only running work is resized: a job starting, or stopping for a resize already in
+        # flight, is not planned again; it grows only once past its minimum runtime.
+        resizable = job.state == JobState.RUNNING
+        grows = resizable and now_s - started_s >= job.min_runtime_s
         running.append(
             RunningWork(
                 job_id=job_id,
                 project=job.project_slug,
                 priority=job.priority,
                 preemptible=(job.preemptible or job.borrowed) and job.state != JobState.PREEMPTING,
-                started_at=min(a.started_s for a in allocs),
+                started_at=started_s,
                 min_runtime_s=job.min_runtime_s,
                 runtime_estimate_s=planned_runtime_s(job.runtime_estimate_s, job.time_limit_s),
                 shares=tuple(
@@ -222,8 +229,8 @@ def build_state(
                     )
                     for a in allocs
                 ),
-                elastic_min=job.elastic_min,
-                elastic_max=job.elastic_max,
+                elastic_min=job.elastic_min if resizable else None,
+                elastic_max=job.elastic_max if grows else None,
                 borrowed=job.borrowed,
                 cpu_milli=job.job_cpu_milli,
                 memory_mib=job.job_memory_mib,
@@ -370,6 +377,9 @@ class CycleResult:
     placed: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    resized: list[int] = field(default_factory=list)
+    # jobs the plan placed that apply could not: why they wait, (reason, message)
+    waiting: dict[int, tuple[str, str]] = field(default_factory=dict)
     pending: int = 0
     seconds: float = 0.0
 
@@ -393,13 +403,14 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     if "slurm" in queued:
         backends.handoff()  # queued jobs of Slurm pools go to Slurm (its scheduler places them)
     result = CycleResult()
-    if "agents" in queued:
+    # Elastic work below its maximum may grow into idle GPUs even when nothing is queued.
+    if "agents" in queued or reads.elastic_may_grow():
         config = policy_config()
         state = build_state(now=now, with_usage=orders_by_fair_share(config))
-        if state.queue:
+        if state.queue or config.elastic:
             decided = plan(state.snapshot, state.queue, config, ts(now))
             result = apply_plan(decided, state, now=now)
-            record_pending(decided, state, set(result.placed))
+            record_pending(decided, state, set(result.placed), result.waiting)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -427,7 +438,7 @@ def apply_plan(decided: Plan, state: CycleInput, *, now: datetime) -> CycleResul
     allocations and the JobEvents go in as one multi-row INSERT each, the jobs in one UPDATE.
     A plan with neither (a blocked queue's usual cycle) opens no transaction.
     """
-    if not decided.placements and not decided.preemptions:
+    if not decided.placements and not decided.preemptions and not decided.resizes:
         return CycleResult(pending=len(decided.pending))
     return _apply_plan_locked(decided, now=now)
 
@@ -466,8 +477,12 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
         row.pk: row
         for row in reads.LOCK_QUEUED_JOBS.rows(job_ids=[p.job_id for p in decided.placements])
     }
+    # A shrink frees its GPUs only once the shrunk job has stopped: a placement on them waits
+    # (with that reason) rather than being dropped and planned again unchanged next cycle.
+    shrinking = {s.gpu_id: r for r in decided.resizes for s in r.release}
     new_allocations: list[tuple[Any, ...]] = []
     scheduled: list[tuple[Any, ...]] = []
+    gang_nodes: list[tuple[int, int, list[tuple[int, int]]]] = []
     reasons: dict[int, str] = {}
     event_data: dict[int, dict[str, object]] = {}
     for placement in decided.placements:
@@ -475,6 +490,14 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
         row = placing.get(job_id)
         if row is None:
             result.dropped.append(job_id)
+            continue
+        waits_for = next((shrinking[s.gpu_id] for s in placement.shares if s.gpu_id in shrinking), None)
+        if waits_for is not None:
+            result.waiting[job_id] = (
+                PendingReason.PREEMPTING.value,
+                f"Starting soon: job {waits_for.job_id} is shrinking to {waits_for.gpus} GPUs "
+                "to make room for it",
+            )
             continue
         fits = True
         for s in placement.shares:
@@ -489,6 +512,11 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
                 break
         if not fits:
             result.dropped.append(job_id)
+            result.waiting[job_id] = (
+                PendingReason.NO_CAPACITY.value,
+                "Waiting for capacity: the GPUs planned for it were taken or became unusable "
+                "before it could be placed; it is planned again on the current state",
+            )
             continue
         attempt = row.attempt + 1
         borrowed = row.borrowed or placement.borrowed
@@ -512,6 +540,10 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
                     "",
                 )
             )
+        per_node: dict[int, int] = {}
+        for s in placement.shares:  # rank order: the order of the placement's nodes
+            per_node[locked[s.gpu_id].node_id] = per_node.get(locked[s.gpu_id].node_id, 0) + 1
+        gang_nodes.append((job_id, attempt, list(per_node.items())))
         # a placed job no longer waits: clear its reason, position and estimate
         scheduled.append((job_id, row.state, attempt, borrowed, "", "", None, None))
         nodes = sorted({locked[s.gpu_id].node_name for s in placement.shares})
@@ -521,6 +553,8 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
         event_data[job_id] = {"gpus": [s.gpu_id for s in placement.shares], "attempt": attempt}
         result.placed.append(job_id)
     insert_rows(Allocation, ALLOCATION_FIELDS, new_allocations)
+    ports_of = gangs.members_create(gang_nodes, now=now)
+    scheduled = [(*row, ports_of.get(row[0])) for row in scheduled]
     jobs_transition_bulk(
         rows=scheduled,
         to=JobState.SCHEDULED,
@@ -534,8 +568,13 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
             "pending_message",
             "queue_position",
             "estimated_start_at",
+            "rendezvous_port",
         ),
     )
+
+    for resize in decided.resizes:
+        if elastic.resize_planned(resize, now=now):
+            result.resized.append(resize.job_id)
 
     for preemption in decided.preemptions:
         victim = (
@@ -561,10 +600,23 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
     return result
 
 
-def record_pending(decided: Plan, state: CycleInput, placed: set[int]) -> int:
+def record_pending(
+    decided: Plan,
+    state: CycleInput,
+    placed: set[int],
+    waiting: dict[int, tuple[str, str]] | None = None,
+) -> int:
     """Write why each unplaced job waits. Advisory, so it never waits for a lock: a job that
-    another transaction holds right now keeps its old reason until the next cycle."""
+    another transaction holds right now keeps its old reason until the next cycle.
+
+    `waiting`: jobs the plan placed and apply could not, with why (every waiting job has a
+    reason, whatever became of its plan)."""
     changed: dict[int, tuple[str, str, int | None, datetime | None]] = {}
+    for job_id, (reason, message) in (waiting or {}).items():
+        old = state.pending_now.get(job_id)
+        new = (reason, message[:500], None, None)
+        if old is not None and job_id not in placed and new != old:
+            changed[job_id] = new
     for job_id, pending in decided.pending.items():
         old = state.pending_now.get(job_id)
         if old is None or job_id in placed:
@@ -603,6 +655,10 @@ def _requeue_overdue_preemptions(cutoff: datetime) -> list[int]:
     )
     requeued = []
     for job in overdue:
+        if job.resize:  # a resize the node never confirmed: requeued at its new size
+            elastic.resize_unconfirmed(job)
+            requeued.append(job.pk)
+            continue
         job.resume = bool(job.checkpoint_dir)
         job_transition(
             job=job,

@@ -428,3 +428,13 @@ LOCK_QUEUED_JOBS = CompiledQuery(
     ),
     row=LockedQueuedJobRow,
 )
+
+
+def elastic_may_grow() -> bool:
+    """Whether some running elastic job of our agents is below its maximum (a cycle with
+    nothing queued still plans then: it may grow into idle GPUs)."""
+    return (
+        Job.objects.filter(state=JobState.RUNNING, elastic_max__gt=F("gpus"))
+        .exclude(pool__backend=Pool.Backend.SLURM)
+        .exists()
+    )

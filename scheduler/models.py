@@ -151,6 +151,12 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     cpu_milli = models.PositiveIntegerField(help_text="Allocatable CPU in milli-cores.")
     memory_mib = models.PositiveIntegerField(help_text="Allocatable memory in MiB.")
+    address = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="Where the node's jobs reach each other (a gang's MASTER_ADDR); the agent "
+        "reports it at registration (AGENT_ADDRESS).",
+    )
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=16, blank=True)
     registered_inventory = models.JSONField(
@@ -392,6 +398,14 @@ class Job(models.Model):
     log_quota_hit = models.PositiveBigIntegerField(null=True, blank=True)
     resume = models.BooleanField(default=False, help_text="Next start resumes from checkpoint.")
     preempt_deadline = models.DateTimeField(null=True, blank=True)
+    rendezvous_port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="A gang's MASTER_PORT on rank 0's node, this attempt."
+    )
+    resize = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="An elastic resize in flight: {from, to, reason, for_job, by, keep}.",
+    )
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     queued_at = models.DateTimeField(null=True, blank=True)
@@ -572,6 +586,44 @@ class Allocation(models.Model):
         return billed_share_milli(
             self.share_milli, self.gpu.capacity_milli, self.memory_mib, self.gpu.memory_mib
         )
+
+
+class JobMember(models.Model):
+    """One node's part of a gang (a job placed on several nodes), for one attempt: its rank
+    and what became of it. A single-node job has none."""
+
+    class State(models.TextChoices):
+        SCHEDULED = "scheduled", "Scheduled"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        STOPPED = "stopped", "Stopped"
+        LOST = "lost", "Lost"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="members")
+    attempt = models.PositiveIntegerField()
+    rank = models.PositiveIntegerField(help_text="NODE_RANK; 0 hosts the rendezvous.")
+    first_rank = models.PositiveIntegerField(help_text="RANK: the global rank of its first GPU.")
+    gpus = models.PositiveIntegerField(help_text="LOCAL_WORLD_SIZE.")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="members")
+    state = models.CharField(max_length=12, choices=State.choices, default=State.SCHEDULED)
+    exit_code = models.IntegerField(null=True, blank=True)
+    message = models.CharField(max_length=300, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "attempt", "rank"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "rank"],
+                name="jobmember_unique_rank",
+                violation_error_message="This attempt already has a member of that rank.",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} rank {self.rank}"
 
 
 class LogChunk(models.Model):

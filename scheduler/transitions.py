@@ -17,6 +17,7 @@ from portal.db import AnyOf, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import ports
+from scheduler.gangs import members_end
 from scheduler.dispatch import assignments_changed, changes_assignments
 from scheduler.models import Allocation, Job, JobEvent
 from scheduler.models import JobState as S
@@ -109,6 +110,8 @@ def job_transition(
         nodes = set(ending.values_list("node_id", flat=True)) if ports.ALLOCATION_LISTENERS else ()
         ending.update(ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, ""))
         ports.allocations_changed(node_ids=nodes)
+        if job.rendezvous_port is not None:  # a gang: members still running are stopped
+            members_end(job.pk, job.attempt, lost=to == S.LOST, now=now)
     JobEvent.objects.create(
         job=job,
         from_state=current,

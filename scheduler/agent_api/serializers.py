@@ -39,6 +39,7 @@ class GpuInventorySerializer(StrictSerializer):
 
 class RegisterSerializer(StrictSerializer):
     hostname = serializers.CharField(max_length=253)
+    address = serializers.CharField(max_length=255, allow_blank=True, default="")
     simulated = serializers.BooleanField(default=False)
     driver_version = serializers.CharField(max_length=32, allow_blank=True, default="")
     cuda_version = serializers.CharField(max_length=16, allow_blank=True, default="")

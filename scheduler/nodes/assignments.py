@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from agent.protocol import Assignment as AssignmentMessage
 from portal.db import CompiledQuery
+from scheduler.gangs import rendezvous_env, single_node_env
 from scheduler.models import Allocation, JobState, Node
 
 
@@ -37,6 +38,9 @@ class AssignedRow(NamedTuple):
     cpu_milli: int
     job_memory_mib: int
     shm_mib: int
+    gpus: int
+    rendezvous_port: int | None
+    resize: dict[str, Any]
 
 
 # Compiled once (`CompiledQuery`): every agent reads this whenever its assignments change.
@@ -74,6 +78,9 @@ _ASSIGNED = CompiledQuery(
             "job__cpu_milli",
             "job__memory_mib",
             "job__shm_mib",
+            "job__gpus",
+            "job__rendezvous_port",
+            "job__resize",
         )
     )
 )
@@ -88,6 +95,10 @@ def assignments_for(node: Node) -> list[AssignmentMessage]:
     for raw in _ASSIGNED.rows(node_id=node.pk):
         row = AssignedRow._make(raw)
         by_job.setdefault(row.job_id, []).append(row)
+    gangs = rendezvous_env(
+        [job_id for job_id, rows in by_job.items() if rows[0].rendezvous_port is not None],
+        node.pk,
+    )
     out: list[AssignmentMessage] = []
     for job_id, rows in by_job.items():
         first = rows[0]
@@ -100,13 +111,16 @@ def assignments_for(node: Node) -> list[AssignmentMessage]:
         if first.shard_index is not None:
             env["SHARD_INDEX"] = str(first.shard_index)
             env["SHARD_COUNT"] = str(first.shard_count or 1)
+        # the rendezvous torchrun and torch.distributed read (a gang's, or a world of one node)
+        env.update(gangs.get(job_id) or single_node_env(len(rows)))
         preempting = first.state == JobState.PREEMPTING
+        stop_reason = ("resize" if first.resize else "preempt") if preempting else None
         out.append(
             {
                 "job_id": job_id,
                 "attempt": first.attempt,
                 "action": "stop" if preempting else "run",
-                "stop_reason": "preempt" if preempting else None,
+                "stop_reason": stop_reason,
                 "command": first.command,
                 "env": env,
                 "gpu_uuids": [row.gpu_uuid for row in rows],

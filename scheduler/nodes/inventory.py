@@ -249,6 +249,7 @@ def _inventory_apply(node: Node, inventory: dict[str, Any]) -> None:
                 message=f"GPU {index} is missing from the node's inventory",
             )
     node.driver_version = inventory.get("driver_version", "")[:32]
+    node.address = (inventory.get("address") or "")[:255]
     node.cuda_version = inventory.get("cuda_version", "")[:16]
     if inventory.get("cpu_milli"):
         node.cpu_milli = inventory["cpu_milli"]

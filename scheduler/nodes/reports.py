@@ -19,6 +19,7 @@ from django.utils import timezone
 from agent.protocol import FAILURE_TEXT
 from portal.db import AnyOf, CompiledQuery
 from portal.errors import Conflict
+from scheduler import elastic, gangs
 from scheduler.cycle_requests import request_cycle
 from scheduler.models import Allocation, Job, JobState, LogChunk, Node, Quota
 from scheduler.transitions import job_transition, jobs_transition_bulk
@@ -46,13 +47,18 @@ def job_started(
         job.image_digest = image_digest
         job.save(update_fields=["image_digest"])
     if job.state in (JobState.SCHEDULED, JobState.STARTING):
-        job_transition(
-            job=job,
-            to=JobState.RUNNING,
-            reason=f"Started on {node.name}",
-            actor_label=f"agent:{node.name}",
-            data={"pid": pid, "attempt": attempt},
-        )
+        to = JobState.RUNNING
+        if gangs.is_gang(job) and not gangs.member_started(job, node.pk, now=timezone.now()):
+            to = JobState.STARTING  # running once every member runs
+        if to != job.state:
+            job_transition(
+                job=job,
+                to=to,
+                reason=f"Started on {node.name}"
+                + ("; waiting for the other members" if to == JobState.STARTING else ""),
+                actor_label=f"agent:{node.name}",
+                data={"pid": pid, "attempt": attempt},
+            )
     return job
 
 
@@ -61,6 +67,7 @@ class LockedJob(NamedTuple):
     state: str
     attempt: int
     started_at: datetime | None
+    rendezvous_port: int | None
 
 
 class HeldAttempt(NamedTuple):
@@ -75,7 +82,7 @@ _LOCK_JOBS = CompiledQuery(
         Job.objects.select_for_update()
         .filter(AnyOf(F("pk"), ids))
         .order_by("pk")
-        .values_list("pk", "state", "attempt", "started_at")
+        .values_list("pk", "state", "attempt", "started_at", "rendezvous_port")
     )
 )
 _HELD_ATTEMPTS = CompiledQuery(
@@ -96,6 +103,7 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
     jobs = {row.pk: row for row in map(LockedJob._make, _LOCK_JOBS.rows(ids=ids))}
     held = set(map(HeldAttempt._make, _HELD_ATTEMPTS.rows(node_id=node.pk, ids=ids)))
     moving: dict[int, LockedJob] = {}
+    gang_starts: list[tuple[int, dict[str, Any]]] = []
     data: dict[int, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
     for r in reports:
@@ -106,6 +114,11 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
             result["conflict"] = "This node does not run that job attempt."
         elif job.attempt != attempt:
             result["conflict"] = "That attempt of the job is over."
+        elif job.rendezvous_port is not None and job.state in (
+            JobState.SCHEDULED,
+            JobState.STARTING,
+        ):
+            gang_starts.append((job_id, r))  # one member of a gang: applied one by one below
         elif job.state in (JobState.SCHEDULED, JobState.STARTING) or job_id in moving:
             moving[job_id] = job
             data.setdefault(job_id, {"pid": r.get("pid"), "attempt": attempt})
@@ -120,6 +133,11 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
         update_fields=("started_at",),  # the first start's time; a restart keeps it
         now=now,
     )
+    gang_state: dict[int, str] = {}
+    for job_id, r in gang_starts:
+        gang_state[job_id] = job_started(
+            node=node, job_id=job_id, attempt=int(r["attempt"]), pid=r.get("pid")
+        ).state
     # The image the container runtime ran, as its digest (a report of a stale attempt: not).
     digests = {
         int(r["job_id"]): r["image_digest"]
@@ -131,7 +149,11 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
     for result in results:
         if "conflict" not in result:
             job_id = result["job_id"]
-            result["state"] = JobState.RUNNING if job_id in moving else jobs[job_id].state
+            result["state"] = (
+                JobState.RUNNING
+                if job_id in moving
+                else gang_state.get(job_id, jobs[job_id].state)
+            )
     return results
 
 
@@ -196,6 +218,23 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
     ):
         # Already handled (a resent report) or cancelled while running: the stop is confirmed.
         return job
+    if job.state == JobState.PREEMPTING and job.resize:
+        elastic.resize_finish(job=job, label=label, data=data, exit_code=report.exit_code)
+        transaction.on_commit(request_cycle)
+        return job
+    gang = gangs.is_gang(job)
+    if gang and job.state != JobState.PREEMPTING:
+        everyone_done = gangs.member_exited(
+            job,
+            node.pk,
+            exit_code=report.exit_code if report.reason == "exited" else None,
+            message=report.message,
+            now=timezone.now(),
+        )
+        if report.exit_code == 0 and report.reason == "exited" and not everyone_done:
+            return job  # this member is done; the job runs until every member is
+        if report.exit_code != 0 or report.reason != "exited":
+            data["member_node"] = node.name
     job.exit_code = report.exit_code
     if job.state == JobState.PREEMPTING:
         job.resume = bool(job.checkpoint_dir)
@@ -227,6 +266,8 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
         )
         if report.reason == "failed_to_start":
             what = f"failed to start: {report.message[:200]}"
+        if gang:
+            what += f" of its member on {node.name}; the other members were stopped"
         # Out of memory and over the time limit are their own reasons, and final: a restart
         # would run out of the same memory, or past the same limit.
         limit_hit = FAILURE_TEXT.get(report.reason)

@@ -69,6 +69,7 @@ class Resize:
     gpus: int
     release: tuple[Share, ...] = ()
     add: tuple[Share, ...] = ()
+    for_job: int | None = None  # a shrink: the waiting job it makes room for
 
 
 @dataclass(frozen=True, slots=True)

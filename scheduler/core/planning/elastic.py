@@ -56,7 +56,9 @@ class Elastic:
                         release(ctx.st, replace(ww, cpu_milli=0, memory_mib=0), shares)
                         keep = [x for x in ctx.shrunk.get(wid, ww.shares) if x not in shares]
                         ctx.shrunk[wid] = keep
-                        self.resizes.append(Resize(wid, len(keep), release=tuple(shares)))
+                        self.resizes.append(
+                            Resize(wid, len(keep), release=tuple(shares), for_job=job.job_id)
+                        )
                     ctx.epoch.bump()
                     takes = self.search.find(ctx.st, job, node_ok, model_ok, blocked)
                     assert takes is not None
