@@ -112,6 +112,7 @@ urlpatterns = [
         scheduler_views.job_template_delete,
         name="job-template-delete",
     ),
+    path("jobs/<int:job_id>/resize/", scheduler_views.job_resize_view, name="job-resize"),
     path("jobs/<int:job_id>/logs/", scheduler_views.job_logs, name="job-logs"),
     path("jobs/<int:job_id>/array/", scheduler_views.job_array, name="job-array"),
     path(

@@ -491,7 +491,9 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
         if row is None:
             result.dropped.append(job_id)
             continue
-        waits_for = next((shrinking[s.gpu_id] for s in placement.shares if s.gpu_id in shrinking), None)
+        waits_for = next(
+            (shrinking[s.gpu_id] for s in placement.shares if s.gpu_id in shrinking), None
+        )
         if waits_for is not None:
             result.waiting[job_id] = (
                 PendingReason.PREEMPTING.value,

@@ -110,9 +110,7 @@ def resize_planned(resize: Resize, *, now: datetime) -> bool:
 
 
 @transaction.atomic
-def job_resize_request(
-    *, actor: User, job: Job, gpus: int, remote_addr: str | None = None
-) -> Job:
+def job_resize_request(*, actor: User, job: Job, gpus: int, remote_addr: str | None = None) -> Job:
     """A user asks for their elastic job to run on `gpus` GPUs from now on."""
     require_role(user=actor, project=job.project, roles=(Role.OWNER, Role.MEMBER))
     job = Job.objects.select_for_update().select_related("project").get(pk=job.pk)

@@ -64,7 +64,7 @@ def members_create(
         if not free:
             raise RuntimeError(f"no rendezvous port left at {key}; widen GANG_PORT_COUNT")
         # a random free one: a port a crashed job left bound is unlikely to be picked again
-        port = random.choice(free[:64])  # noqa: S311 - not a secret
+        port = random.choice(free[:64])
         taken.add(port)
         chosen[job_id] = port
         first = 0

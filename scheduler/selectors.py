@@ -215,6 +215,24 @@ def job_placement(job: Job) -> list[dict[str, object]]:
     ]
 
 
+def job_members(job: Job) -> list[dict[str, object]]:
+    """A gang's members in its latest attempt: rank, node, GPUs and what became of each."""
+    return [
+        {
+            "rank": m.rank,
+            "first_rank": m.first_rank,
+            "node": m.node.name,
+            "gpus": m.gpus,
+            "state": m.state,
+            "exit_code": m.exit_code,
+            "message": m.message,
+            "started_at": m.started_at,
+            "ended_at": m.ended_at,
+        }
+        for m in job.members.filter(attempt=job.attempt).select_related("node").order_by("rank")
+    ]
+
+
 def job_log_text(job: Job, *, after_id: int = 0, limit: int = 500) -> tuple[str, int]:
     """Log text after chunk id `after_id` (for live tails) and the last id returned.
     A Slurm pool's job: its output file from byte `after_id` (the id is the file offset)."""

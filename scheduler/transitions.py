@@ -17,8 +17,8 @@ from portal.db import AnyOf, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import ports
-from scheduler.gangs import members_end
 from scheduler.dispatch import assignments_changed, changes_assignments
+from scheduler.gangs import members_end
 from scheduler.models import Allocation, Job, JobEvent
 from scheduler.models import JobState as S
 from scheduler.notices import job_notices_after_commit, notice_kind

@@ -20,6 +20,7 @@ from portal.selectors import project_get_visible, project_list_visible_to, proje
 from scheduler import job_templates, quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
 from scheduler.dependencies import array_retry_failed, array_view, is_array_root
+from scheduler.elastic import job_resize_request
 from scheduler.estimates import job_dry_run, model_availability
 from scheduler.forms import (
     DecisionForm,
@@ -330,6 +331,30 @@ def job_array_retry(request: HttpRequest, job_id: int) -> HttpResponse:
     except DomainError as exc:
         messages.error(request, exc.message)
     return redirect("job-array", job_id=root.pk)
+
+
+@login_required
+@require_POST
+def job_resize_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = selectors.job_get_visible(user=_user(request), job_id=job_id)
+    raw = request.POST.get("gpus", "").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= 4096:
+        messages.error(request, "Not resized: give the GPUs as a whole number from 1.")
+        return redirect("job-detail", job_id=job.pk)
+    try:
+        job_resize_request(
+            actor=_user(request),
+            job=job,
+            gpus=int(raw),
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+        messages.success(
+            request,
+            f"Job {job.pk} is checkpointing; it restarts on {int(raw)} GPUs with RESUME=1.",
+        )
+    except DomainError as exc:
+        messages.error(request, f"Not resized: {exc.message}")
+    return redirect("job-detail", job_id=job.pk)
 
 
 # ---- quota requests and owners' own limits (scheduler/quota_requests.py) ----------------------

@@ -29,6 +29,7 @@ from scheduler.ops_views import node_actions, slurm_node_actions, staff_required
 from scheduler.selectors import (
     job_get_visible,
     job_list_visible_to,
+    job_members,
     job_placement,
     latest_telemetry,
     project_quota_usage,
@@ -94,8 +95,13 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "priority": PriorityClass(job.priority).label,
         "events": job.events.all(),
         "placement": job_placement(job),
+        "members": job_members(job),
         "can_cancel": role in (Role.OWNER, Role.MEMBER) and not job.is_terminal,
         "can_submit": role in (Role.OWNER, Role.MEMBER),
+        "can_resize": role in (Role.OWNER, Role.MEMBER)
+        and job.state == JobState.RUNNING
+        and (job.elastic_min is not None or job.elastic_max is not None)
+        and not job.resize,
         "hourly_cost": job_hourly_cost(job),
         # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
         "never_ran": job.is_terminal and not job.allocations.exists(),

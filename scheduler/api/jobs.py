@@ -43,6 +43,7 @@ from scheduler.dependencies import (
     array_view,
     is_array_root,
 )
+from scheduler.elastic import job_resize_request
 from scheduler.estimates import job_dry_run, job_hourly_cost
 from scheduler.manifests import ManifestRefused, job_manifest, parse_manifest
 from scheduler.models import (
@@ -329,6 +330,24 @@ class JobDependencyOutSerializer(serializers.Serializer):  # type: ignore[type-a
     whole_array = serializers.BooleanField(help_text="The job is an array: all its shards.")
 
 
+class MemberSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    rank = serializers.IntegerField(help_text="NODE_RANK; rank 0 hosts the rendezvous.")
+    first_rank = serializers.IntegerField(help_text="RANK: the global rank of its first GPU.")
+    node = serializers.CharField()
+    gpus = serializers.IntegerField()
+    state = serializers.CharField()
+    exit_code = serializers.IntegerField(allow_null=True)
+    message = serializers.CharField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
+class ResizeSerializer(StrictSerializer):
+    gpus = serializers.IntegerField(
+        min_value=1, max_value=4096, help_text="The GPUs the elastic job runs on from now on."
+    )
+
+
 class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(read_only=True)
     secret_env = serializers.DictField(
@@ -337,6 +356,10 @@ class JobDetailSerializer(JobSerializer):
         help_text="The secret variables' names; every value is masked.",
     )
     placement = serializers.SerializerMethodField()
+    members = serializers.SerializerMethodField()
+    resize = serializers.DictField(
+        read_only=True, help_text="A resize in flight: from, to, reason (empty when none)."
+    )
     cost = serializers.SerializerMethodField()
     dependencies = serializers.SerializerMethodField()
 
@@ -347,6 +370,8 @@ class JobDetailSerializer(JobSerializer):
             "secret_env",
             "working_dir",
             "placement",
+            "members",
+            "resize",
             "cost",
             "dependencies",
             "waiting_on_dependencies",
@@ -359,6 +384,11 @@ class JobDetailSerializer(JobSerializer):
     @extend_schema_field(PlacementSerializer(many=True))
     def get_placement(self, obj: Job) -> list[dict[str, object]]:
         return selectors.job_placement(obj)
+
+    @extend_schema_field(MemberSerializer(many=True))
+    def get_members(self, obj: Job) -> list[dict[str, object]]:
+        """A gang's members (one per node) in its latest attempt; empty for one node."""
+        return selectors.job_members(obj)
 
     @extend_schema_field(HourlyCostSerializer(allow_null=True))
     def get_cost(self, obj: Job) -> dict[str, object] | None:
@@ -744,6 +774,21 @@ class JobViewSet(
             actor=self._user, root=self._array_root(), remote_addr=request.META.get("REMOTE_ADDR")
         )
         return Response(JobSerializer(jobs, many=True).data)
+
+    @extend_schema(request=ResizeSerializer, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def resize(self, request: Request, pk: str) -> Response:
+        """Ask an elastic running job to restart on `gpus` GPUs (elastic_min..elastic_max):
+        it is signalled to checkpoint (SIGTERM, its grace) and restarts with RESUME=1."""
+        body = ResizeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = job_resize_request(
+            actor=self._user,
+            job=self.get_object(),
+            gpus=body.validated_data["gpus"],
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+        return Response(JobSerializer(job).data)
 
     @extend_schema(responses={200: JobEventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not a page

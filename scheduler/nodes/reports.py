@@ -150,9 +150,7 @@ def jobs_started(*, node: Node, reports: list[dict[str, Any]]) -> list[dict[str,
         if "conflict" not in result:
             job_id = result["job_id"]
             result["state"] = (
-                JobState.RUNNING
-                if job_id in moving
-                else gang_state.get(job_id, jobs[job_id].state)
+                JobState.RUNNING if job_id in moving else gang_state.get(job_id, jobs[job_id].state)
             )
     return results
 
