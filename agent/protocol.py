@@ -38,6 +38,9 @@ FAILURE_TEXT: dict[str, str] = {
 }
 
 LOG_STREAMS: tuple[str, ...] = ("stdout", "stderr")
+# A gang's members share the job's attempt: member NODE_RANK numbers its log chunks from
+# NODE_RANK × LOG_SEQ_PER_MEMBER, so the members' chunks never collide (512 members fit).
+LOG_SEQ_PER_MEMBER = 4_000_000
 ACTIONS: tuple[str, ...] = ("run", "stop")
 # "resize": an elastic job stops to checkpoint and restart at a new size (reported as preempted)
 STOP_REASONS: tuple[str, ...] = ("preempt", "cancel", "resize")

@@ -480,6 +480,9 @@ class Runner:
         if self.knows(a.key):
             raise ValueError(f"job {a.job_id} attempt {a.attempt} is already known here")
         job = Job(assignment=a, grace_s=a.grace_seconds)
+        rank = a.env.get("NODE_RANK", "0")
+        if rank.isdigit() and a.env.get("NNODES", "1") != "1":  # a gang member's own numbers
+            job.seq = int(rank) * protocol.LOG_SEQ_PER_MEMBER
         self.jobs[a.key] = job
         try:
             cwd = self.working_dir(a)

@@ -191,7 +191,13 @@ def test_elastic_shrink_blocker_and_waiting_job_do_not_livelock(team, two_eights
     6-GPU job. Before, every cycle planned "shrink to 2 and place the new job", apply dropped
     the placement, and the waiting job stayed queued with a blank reason."""
     elastic = submit(
-        team, name="el", gpus=4, elastic_min=2, elastic_max=4, min_runtime_s=0, checkpoint_dir="/ckpt"
+        team,
+        name="el",
+        gpus=4,
+        elastic_min=2,
+        elastic_max=4,
+        min_runtime_s=0,
+        checkpoint_dir="/ckpt",
     )
     blocker = submit(team, name="blocker", gpus=8)
     run_cycle()
@@ -225,9 +231,12 @@ def test_elastic_shrink_blocker_and_waiting_job_do_not_livelock(team, two_eights
     assert held.count() == 2 and {a.node_id for a in held} == {el_node.pk}
     (a,) = [a for a in assignments_for(el_node) if a["job_id"] == elastic.pk]
     assert (a["env"]["RESUME"], a["env"]["WORLD_SIZE"], len(a["gpu_uuids"])) == ("1", "2", 2)
-    assert AuditEvent.objects.filter(
-        action__in=["job.resize", "job.resized"], target_id=str(elastic.pk)
-    ).count() == 2
+    assert (
+        AuditEvent.objects.filter(
+            action__in=["job.resize", "job.resized"], target_id=str(elastic.pk)
+        ).count()
+        == 2
+    )
 
     run_cycle()
     waiting.refresh_from_db()
@@ -238,7 +247,13 @@ def test_elastic_shrink_blocker_and_waiting_job_do_not_livelock(team, two_eights
 def test_elastic_job_grows_into_idle_gpus_when_nothing_waits(team, two_eights):
     blocker = submit(team, name="blocker", gpus=8)
     elastic = submit(
-        team, name="el", gpus=6, elastic_min=2, elastic_max=8, min_runtime_s=0, checkpoint_dir="/ckpt"
+        team,
+        name="el",
+        gpus=6,
+        elastic_min=2,
+        elastic_max=8,
+        min_runtime_s=0,
+        checkpoint_dir="/ckpt",
     )
     filler = submit(team, name="filler", gpus=2, runtime_estimate_s=60)
     run_cycle()
