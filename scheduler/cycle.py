@@ -616,9 +616,9 @@ def record_pending(
     changed: dict[int, tuple[str, str, int | None, datetime | None]] = {}
     for job_id, (reason, message) in (waiting or {}).items():
         old = state.pending_now.get(job_id)
-        new = (reason, message[:500], None, None)
-        if old is not None and job_id not in placed and new != old:
-            changed[job_id] = new
+        why: tuple[str, str, int | None, datetime | None] = (reason, message[:500], None, None)
+        if old is not None and job_id not in placed and why != old:
+            changed[job_id] = why
     for job_id, pending in decided.pending.items():
         old = state.pending_now.get(job_id)
         if old is None or job_id in placed:

@@ -53,7 +53,8 @@ def members_create(
         job__state__in=ACTIVE_STATES,
         job__rendezvous_port__isnull=False,
     ).values_list("node_id", "node__address", "job__rendezvous_port"):
-        used.setdefault(addr or f"node:{node_id}", set()).add(port)
+        if port is not None:
+            used.setdefault(addr or f"node:{node_id}", set()).add(port)
     ports = gang_ports()
     rows: list[JobMember] = []
     chosen: dict[int, int] = {}

@@ -81,6 +81,15 @@ for arg in "$@"; do
     tests*|*.py|*::*) named=1 ;;
   esac
 done
+# PyTorch (CPU) for the torch.distributed gang proof, only when the stack tests run (the whole
+# suite, or a path under tests/stack): installed into the venv when missing, else that test skips.
+want_torch=$((1 - named))
+case " $* " in *" tests/stack"*|*" tests "*) want_torch=1 ;; esac
+if [ "$want_torch" = 1 ] && [ "$embedded" = 0 ] && ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "test: installing PyTorch (CPU) for the torch.distributed test"
+  "$PY" -m pip install -q -r requirements-torch.txt \
+    || echo "test: PyTorch could not be installed; the torch.distributed test skips" >&2
+fi
 if [ "$embedded" = 0 ]; then
   echo "test: PostgreSQL $DATABASE_URL, Redis $REDIS_URL, Chromium ${CHROMIUM_PATH:-none}"
   "$PY" -m pytest "$@"

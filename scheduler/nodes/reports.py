@@ -207,7 +207,11 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
     """Apply an exit the agent reports: success, failure (maybe restart), or the end of a preemption."""
     job = _agent_job(node, job_id, report.attempt)
     label = f"agent:{node.name}"
-    data = {"exit_code": report.exit_code, "signal": report.signal, "attempt": report.attempt}
+    data: dict[str, Any] = {
+        "exit_code": report.exit_code,
+        "signal": report.signal,
+        "attempt": report.attempt,
+    }
     if job.state not in (
         JobState.SCHEDULED,
         JobState.STARTING,

@@ -149,8 +149,8 @@ def test_a_failing_member_requeues_the_whole_gang_per_its_restart_policy(team, f
 def test_a_lost_node_requeues_the_whole_gang(gang):
     from scheduler.nodes.faults import requeue_after_fault
 
-    job, (m0, m1) = gang["job"], gang["members"]
-    Job.objects.filter(pk=job.pk).update(checkpoint_dir="ckpt")
+    job = gang["job"]
+    Job.objects.filter(pk=job.pk).update(checkpoint_dir="/ckpt")
     start_everywhere(job)
     job = Job.objects.get(pk=job.pk)
     requeue_after_fault(job, "node h2 lost", end_reason="node_lost", actor="health")
@@ -218,9 +218,8 @@ def test_elastic_shrink_blocker_and_waiting_job_do_not_livelock(team, two_eights
     assert JobEvent.objects.filter(job=elastic, to_state=JobState.PREEMPTING).count() == 1
     shrink = JobEvent.objects.get(job=elastic, to_state=JobState.PREEMPTING)
     assert f"waiting job {waiting.pk}" in shrink.reason and shrink.data["resize"]["to"] == 2
-    assert [a for a in assignments_for(el_node) if a["job_id"] == elastic.pk][0][
-        "stop_reason"
-    ] == "resize"
+    (stop,) = [a for a in assignments_for(el_node) if a["job_id"] == elastic.pk]
+    assert stop["stop_reason"] == "resize" and stop["action"] == "stop"
 
     # the agent stopped it (SIGTERM, grace): it restarts at once on the 2 GPUs it kept
     exit_on(elastic, el_node, None, "preempted")
