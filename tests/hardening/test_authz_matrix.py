@@ -242,6 +242,11 @@ RULES: dict[str, Rule] = {
     "job-cancel": Rule({"post": MEMBER_WRITE_PAGE}),
     "job-template-save": Rule({"post": MEMBER_WRITE_PAGE}, body={"post": lambda w: {"name": "t"}}),
     "job-template-delete": Rule({"post": MEMBER_WRITE_PAGE}),
+    # The matrix's job is not elastic: members are told so, the others refused before that.
+    "job-resize": Rule(
+        {"post": page(REFUSED, REFUSED, REFUSED, 404, REFUSED)},
+        body={"post": lambda w: {"gpus": "1"}},
+    ),
     "job-logs": Rule({"get": PROJECT_PAGE}),
     "job-array": Rule({"get": PROJECT_PAGE}, params={"job_id": "array"}),
     "job-array-retry": Rule({"post": MEMBER_WRITE_PAGE}, params={"job_id": "array"}),
@@ -340,6 +345,11 @@ RULES: dict[str, Rule] = {
     ),
     "api-job-template-submit": Rule(
         {"post": api(403, 201, 201, 404, 403)}, params={"pk": "template"}
+    ),
+    "api-job-resize": Rule(
+        {"post": api(403, 400, 400, 404, 403)},
+        params={"pk": "job"},
+        body={"post": lambda w: {"gpus": 1}},
     ),
     "api-job-events": Rule({"get": PROJECT_API}, params={"pk": "job"}),
     "api-job-logs": Rule({"get": PROJECT_API}, params={"pk": "job"}),

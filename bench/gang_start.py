@@ -1,0 +1,210 @@
+"""Gangs and elastic resizes on the stack: gang start latency and resize latency.
+
+    .venv/bin/python -m bench.gang_start [--runs 10] [--poll 1.0]
+
+A fresh bench database, the production-like stack (`bench.stack`: gunicorn, a Celery worker and
+beat, the cycle every second) and in-process simulated agents (the process runtime) polling
+every `--poll` seconds: 32 one-GPU H100 nodes for the gangs and one 8-GPU A100 node for the
+elastic job.
+
+Gang start: a gang of 2, 8 and 32 members (one GPU each, `sleep 2`), `--runs` times each, one at
+a time; from "all members placed" (the job's `scheduled` event, written by the cycle's apply
+with every member's allocation) to "all members running" (its `running` event, written when
+the last member's agent reports its start). Both instants are the database's, so the polling
+here adds nothing.
+
+Resize: an elastic job (2 to 8 GPUs) whose workload exits at once on SIGTERM (it has nothing to
+checkpoint, so the workload's own checkpoint time is ~0 and not in the figure) is resized
+8 -> 4 -> 8 ... by the user's request, `--runs` times; from the signal (the `preempting` event:
+the assignment says stop) to running at the new size (the next `running` event), split into
+signal -> stop confirmed (the agent's poll, SIGTERM, the exit report) and stop -> running (the
+restart at the new size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from bench import command_line, markdown_table, write_section
+from bench.django_env import setup, teardown
+from bench.stack import Stack
+
+GANG_SIZES = (2, 8, 32)
+
+
+def seed() -> tuple[dict[str, str], dict[str, str]]:
+    from portal.models import User
+    from portal.services import project_create
+    from scheduler.models import GpuModel, Pool, Quota
+    from scheduler.nodes import node_issue_agent_token
+    from scheduler.services import catalog_seed, node_register_simulated
+
+    catalog_seed()
+    pool = Pool.objects.create(name="default")
+    user = User.objects.create_user("bench@example.org", "x")
+    project = project_create(owner=user, slug="bench", name="Bench")
+    Quota.objects.filter(project=project).update(max_gpus=None, max_gpus_per_job=64)
+    h100 = GpuModel.objects.get(name="H100-80GB-SXM")
+    a100 = GpuModel.objects.get(name="A100-80GB")
+    ones, eights = {}, {}
+    for i in range(max(GANG_SIZES)):
+        node = node_register_simulated(
+            name=f"g{i:02d}", pool=pool, gpu_model=h100, gpu_count=1, cpu_milli=16_000,
+            memory_mib=128_000,
+        )  # fmt: skip
+        ones[node.name] = node_issue_agent_token(node=node)
+    node = node_register_simulated(
+        name="e00", pool=pool, gpu_model=a100, gpu_count=8, cpu_milli=64_000, memory_mib=512_000
+    )
+    eights[node.name] = node_issue_agent_token(node=node)
+    return ones, eights
+
+
+def wait_state(job_id: int, states: tuple[str, ...], timeout: float = 120) -> str:
+    from scheduler.models import Job
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = Job.objects.filter(pk=job_id).values_list("state", flat=True).get()
+        if state in states:
+            return state
+        time.sleep(0.1)
+    raise SystemExit(f"job {job_id} did not reach {states} in {timeout}s")
+
+
+def submit(**spec: object) -> int:
+    from portal.models import Project, User
+    from scheduler.admission import JobSpec, job_submit
+    from scheduler.models import GpuModel
+
+    model = GpuModel.objects.get(name=str(spec.pop("model")))
+    (job,) = job_submit(
+        actor=User.objects.get(email="bench@example.org"),
+        project=Project.objects.get(slug="bench"),
+        spec=JobSpec(gpu_model=model, **spec),  # type: ignore[arg-type]
+    )
+    from scheduler.cycle_requests import request_cycle
+
+    request_cycle()
+    return int(job.pk)
+
+
+def event_at(job_id: int, to_state: str, attempt_after: float = 0.0) -> float:
+    from scheduler.models import JobEvent
+
+    times = [
+        e.timestamp()
+        for e in JobEvent.objects.filter(job_id=job_id, to_state=to_state)
+        .order_by("created_at")
+        .values_list("created_at", flat=True)
+    ]
+    return next(t for t in times if t > attempt_after)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ms(v: float) -> str:
+    return f"{v * 1000:.0f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--poll", type=float, default=1.0, help="agents' poll interval (s)")
+    parser.add_argument("--port", type=int, default=8671)
+    parser.add_argument("--no-docs", action="store_true")
+    args = parser.parse_args()
+
+    db_url = setup("gangs")
+    ones, eights = seed()
+    teardown()
+    stack = Stack(db_url, args.port, 2, "scheduler,default")
+    gang: dict[int, list[float]] = {n: [] for n in GANG_SIZES}
+    stop_s: list[float] = []
+    restart_s: list[float] = []
+    try:
+        stack.start()
+        stack.agents(ones, gpus="1xH100-80GB-SXM", poll_s=args.poll)
+        stack.agents(eights, gpus="8xA100-80GB", poll_s=args.poll)
+        time.sleep(8)  # every agent registered and polling
+        for n in GANG_SIZES:
+            for i in range(args.runs):
+                job = submit(
+                    name=f"gang{n}-{i}", command="sleep 2", model="H100-80GB-SXM", gpus=n,
+                    nodes=n, gpus_per_node=1,
+                )  # fmt: skip
+                if wait_state(job, ("succeeded", "failed")) != "succeeded":
+                    raise SystemExit(f"gang job {job} failed")
+                gang[n].append(event_at(job, "running") - event_at(job, "scheduled"))
+                print(f"gang of {n}: {ms(gang[n][-1])}", flush=True)
+
+        from portal.models import User
+        from scheduler.elastic import job_resize_request
+        from scheduler.models import Job
+
+        elastic = submit(
+            name="elastic", model="A100-80GB", gpus=8, elastic_min=2, elastic_max=8,
+            checkpoint_dir="/tmp/bench-elastic-ckpt",
+            command="trap 'exit 143' TERM; sleep 3600 & wait",
+        )  # fmt: skip
+        wait_state(elastic, ("running",))
+        user = User.objects.get(email="bench@example.org")
+        for i in range(args.runs):
+            to = 4 if i % 2 == 0 else 8
+            before = time.time()
+            job_resize_request(actor=user, job=Job.objects.get(pk=elastic), gpus=to)
+            time.sleep(0.2)
+            wait_state(elastic, ("running",))
+            signal_at = event_at(elastic, "preempting", before - 1)
+            stopped_at = event_at(elastic, "queued", signal_at)
+            running_at = event_at(elastic, "running", stopped_at)
+            stop_s.append(stopped_at - signal_at)
+            restart_s.append(running_at - stopped_at)
+            print(f"resize to {to}: {ms(running_at - signal_at)}", flush=True)
+        Job.objects.filter(pk=elastic).update(elastic_max=None)
+    finally:
+        stack.stop()
+
+    rows = [
+        [str(n), str(len(v)), ms(statistics.median(v)), ms(percentile(v, 0.95)), ms(min(v))]
+        for n, v in gang.items()
+    ]
+    total = [a + b for a, b in zip(stop_s, restart_s, strict=True)]
+    resize_rows = [
+        [label, str(len(v)), ms(statistics.median(v)), ms(percentile(v, 0.95))]
+        for label, v in (
+            ("signal -> stop confirmed", stop_s),
+            ("stop -> running at the new size", restart_s),
+            ("signal -> running at the new size", total),
+        )
+    ]
+    body = "\n\n".join(
+        [
+            "## Gangs and elastic resizes: start and resize latency",
+            f"`{command_line('bench.gang_start')}`",
+            "The bench stack (gunicorn, Celery worker and beat, the cycle every second) with "
+            f"in-process simulated agents polling every {args.poll:g} s (the process runtime), "
+            'on the shared 2-core machine. From "all members placed" (the job\'s `scheduled` '
+            'event) to "all members running" (its `running` event, when the last member\'s '
+            "start is reported); database timestamps:",
+            markdown_table(["members", "runs", "p50", "p95", "min"], rows),
+            "Resize of an elastic job (8 <-> 4 A100s, asked for by its user) whose workload "
+            "exits at once on SIGTERM, so its own checkpoint time (~0) is not in the figures:",
+            markdown_table(["span", "resizes", "p50", "p95"], resize_rows),
+            "Anchor: the agents' poll interval. Each span is about one poll (the agent seeing "
+            "its new assignment) plus the portal's and the agent's own work; a node's assignment "
+            "version drops on every change, so the poll after it fetches the new assignment.",
+        ]
+    )
+    print(body)
+    if not args.no_docs:
+        write_section("gang_start", body)
+
+
+if __name__ == "__main__":
+    main()
