@@ -31,8 +31,7 @@ from scheduler.models import ACTIVE_STATES, Job, JobMember, Node
 
 
 def gang_ports() -> range:
-    base = int(getattr(settings, "GANG_PORT_BASE", 29400))
-    count = int(getattr(settings, "GANG_PORT_COUNT", 600))
+    base, count = int(settings.GANG_PORT_BASE), int(settings.GANG_PORT_COUNT)
     return range(base, base + count)
 
 

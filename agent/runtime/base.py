@@ -125,9 +125,13 @@ def open_parent(path: Path) -> None:
         os.chmod(path, (path.stat().st_mode & 0o7777 & ~0o077) | 0o011)  # noqa: S103 - x only
 
 
-def kill_uid(uid: int, sig: int = signal.SIGKILL) -> int:
+def kill_uid(uid: int, sig: int = signal.SIGKILL, *, node_rank: str | None = None) -> int:
     """Signal every process owned by `uid` (a job's own uid): what left its process group
-    (`setsid`) cannot outlive the job. The number signalled."""
+    (`setsid`) cannot outlive the job. The number signalled.
+
+    `node_rank`: the attempt is one member of a gang; processes whose environment names
+    another member (`NODE_RANK`) are spared: simulated nodes on one host run a gang's
+    members under the same uid, and one member's end must not kill the others."""
     if uid == 0 or uid == os.getuid():
         return 0  # never the agent's own processes
     count = 0
@@ -140,7 +144,21 @@ def kill_uid(uid: int, sig: int = signal.SIGKILL) -> int:
             continue
         if owner != uid:
             continue
+        if node_rank is not None and _other_member(entry, node_rank):
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(entry.name), sig)
             count += 1
     return count
+
+
+def _other_member(proc: Path, node_rank: str) -> bool:
+    """The process's environment names a gang member other than `node_rank`."""
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    for item in environ:
+        if item.startswith(b"NODE_RANK="):
+            return item[len(b"NODE_RANK=") :].decode(errors="replace") != node_rank
+    return False

@@ -68,6 +68,7 @@ class ProcessRuntime(Runtime):
 
     def cleanup(self, launch: Launch) -> None:
         if launch.user is not None:
-            killed = kill_uid(launch.user)
+            gang = launch.env.get("NNODES", "1") != "1"
+            killed = kill_uid(launch.user, node_rank=launch.env.get("NODE_RANK") if gang else None)
             if killed:
                 log.warning("killed %d leftover process(es) of uid %d", killed, launch.user)

@@ -306,6 +306,10 @@ SCHEDULER_CYCLE_SECONDS = env.float("SCHEDULER_CYCLE_SECONDS", default=3.0)
 PREEMPTIBLE_DISCOUNT = env.float("PREEMPTIBLE_DISCOUNT", default=0.6)
 NODE_HEARTBEAT_SECONDS = env.float("NODE_HEARTBEAT_SECONDS", default=5.0)
 NODE_LOST_AFTER_SECONDS = env.float("NODE_LOST_AFTER_SECONDS", default=60.0)
+# A gang's MASTER_PORT is one of these ports on rank 0's node (scheduler/gangs.py): keep the
+# range free of other listeners on GPU hosts.
+GANG_PORT_BASE = env.int("GANG_PORT_BASE", default=29400)
+GANG_PORT_COUNT = env.int("GANG_PORT_COUNT", default=600)
 # When more than this fraction of the nodes that should heartbeat (and at least the minimum
 # count) fall silent in the same sweep, the portal suspects itself or the network between, not
 # the nodes: it declares none lost and says so on the nodes page until heartbeats return.

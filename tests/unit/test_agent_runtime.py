@@ -121,6 +121,35 @@ def test_the_process_runtime_fences_a_job_in_a_uid_of_its_own(workdir: Path) -> 
     wait_for(lambda: 7 in exits(runner), runner)
 
 
+@needs_root
+def test_one_gang_member_ending_spares_the_other_on_the_same_host(workdir: Path) -> None:
+    """Two simulated nodes on one host run a gang's members as the job's one uid: the sweep
+    when one member's attempt ends kills its own leftovers, not the other member."""
+    uid = job_uid(9, 200_000)
+    first = make_runner(workdir / "a", ProcessRuntime(uid_base=200_000))
+    second = make_runner(workdir / "b", ProcessRuntime(uid_base=200_000))
+    gang = {"NNODES": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    second.start(assignment(9, "sleep 30", env={**gang, "NODE_RANK": "1", "RANK": "1"}))
+    wait_for(lambda: bool(_live_of(uid)), second)
+    first.start(
+        assignment(
+            9,
+            "setsid sh -c 'sleep 60' </dev/null >/dev/null 2>&1 & true",
+            env={**gang, "NODE_RANK": "0", "RANK": "0"},
+        )
+    )
+    wait_for(lambda: 9 in exits(first), first)
+    time.sleep(0.5)
+    assert second.jobs and all(j.alive for j in second.jobs.values())  # rank 1 still runs
+    second.poll()
+    assert 9 not in exits(second)
+    # rank 0's setsid child is gone; what is left of the uid is rank 1's process group
+    (pgid,) = [j.pid for j in second.jobs.values()]
+    assert _live_of(uid) and all(os.getpgid(pid) == pgid for pid in _live_of(uid))
+    second.stop_all("killed", "test over", grace_s=0)
+    wait_for(lambda: 9 in exits(second), second)
+
+
 def _live_of(uid: int) -> list[int]:
     """Processes of `uid` that are not zombies."""
     found = []
