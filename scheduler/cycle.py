@@ -404,7 +404,7 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
         backends.handoff()  # queued jobs of Slurm pools go to Slurm (its scheduler places them)
     result = CycleResult()
     # Elastic work below its maximum may grow into idle GPUs even when nothing is queued.
-    if "agents" in queued or reads.elastic_may_grow():
+    if "agents" in queued or "elastic" in queued:
         config = policy_config()
         state = build_state(now=now, with_usage=orders_by_fair_share(config))
         if state.queue or config.elastic:

@@ -334,19 +334,31 @@ def _slurm_queued() -> QuerySet[Job, tuple[str]]:
     ).values_list(Value("slurm", output_field=CharField()))[:1]
 
 
+def _elastic_below_max() -> QuerySet[Job, tuple[str]]:
+    """A running elastic job of our agents below its maximum: the cycle plans even with
+    nothing queued, since it may grow into idle GPUs."""
+    return (
+        Job.objects.filter(state=JobState.RUNNING, elastic_max__gt=F("gpus"))
+        .exclude(pool__backend=Pool.Backend.SLURM)
+        .values_list(Value("elastic", output_field=CharField()))[:1]
+    )
+
+
 ANY_QUEUED = CompiledQuery(
-    lambda: _agents_queued().union(_slurm_queued(), _dependencies_queued(), all=True), row=KindRow
+    lambda: _agents_queued().union(
+        _slurm_queued(), _dependencies_queued(), _elastic_below_max(), all=True
+    ),
+    row=KindRow,
 )
 
 
 def queued_kinds() -> set[str]:
-    """{"agents", "slurm", "dependencies"} or part of it: what the cycle has to do."""
+    """{"agents", "slurm", "dependencies", "elastic"} or part of it: what the cycle has to do."""
     if connection.features.supports_slicing_ordering_in_compound:
         return {row[0] for row in ANY_QUEUED.rows()}
-    # SQLite (the embedded default) takes no LIMIT inside a UNION: two reads
-    return {
-        kind for qs in (_agents_queued(), _slurm_queued(), _dependencies_queued()) for (kind,) in qs
-    }
+    # SQLite (the embedded default) takes no LIMIT inside a UNION: one read each
+    parts = (_agents_queued(), _slurm_queued(), _dependencies_queued(), _elastic_below_max())
+    return {kind for qs in parts for (kind,) in qs}
 
 
 OVERDUE_PREEMPTION = CompiledQuery(
@@ -428,13 +440,3 @@ LOCK_QUEUED_JOBS = CompiledQuery(
     ),
     row=LockedQueuedJobRow,
 )
-
-
-def elastic_may_grow() -> bool:
-    """Whether some running elastic job of our agents is below its maximum (a cycle with
-    nothing queued still plans then: it may grow into idle GPUs)."""
-    return (
-        Job.objects.filter(state=JobState.RUNNING, elastic_max__gt=F("gpus"))
-        .exclude(pool__backend=Pool.Backend.SLURM)
-        .exists()
-    )
