@@ -129,9 +129,11 @@ def kill_uid(uid: int, sig: int = signal.SIGKILL, *, node_rank: str | None = Non
     """Signal every process owned by `uid` (a job's own uid): what left its process group
     (`setsid`) cannot outlive the job. The number signalled.
 
-    `node_rank`: the attempt is one member of a gang; processes whose environment names
-    another member (`NODE_RANK`) are spared: simulated nodes on one host run a gang's
-    members under the same uid, and one member's end must not kill the others."""
+    `node_rank`: the attempt is one member of a gang; only processes whose environment names
+    this member (`NODE_RANK`, which its children inherit) are signalled: simulated nodes on one
+    host run a gang's members under the same uid, and one member's end must not kill the
+    others — nor another member's child caught between fork and exec, whose environment is
+    still the agent's."""
     if uid == 0 or uid == os.getuid():
         return 0  # never the agent's own processes
     count = 0
@@ -144,7 +146,7 @@ def kill_uid(uid: int, sig: int = signal.SIGKILL, *, node_rank: str | None = Non
             continue
         if owner != uid:
             continue
-        if node_rank is not None and _other_member(entry, node_rank):
+        if node_rank is not None and not _this_member(entry, node_rank):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(entry.name), sig)
@@ -152,13 +154,10 @@ def kill_uid(uid: int, sig: int = signal.SIGKILL, *, node_rank: str | None = Non
     return count
 
 
-def _other_member(proc: Path, node_rank: str) -> bool:
-    """The process's environment names a gang member other than `node_rank`."""
+def _this_member(proc: Path, node_rank: str) -> bool:
+    """The process's environment names the gang member `node_rank`."""
     try:
         environ = (proc / "environ").read_bytes().split(b"\0")
     except OSError:
         return False
-    for item in environ:
-        if item.startswith(b"NODE_RANK="):
-            return item[len(b"NODE_RANK=") :].decode(errors="replace") != node_rank
-    return False
+    return f"NODE_RANK={node_rank}".encode() in environ
