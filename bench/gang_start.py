@@ -62,6 +62,35 @@ def seed() -> tuple[dict[str, str], dict[str, str]]:
     return ones, eights
 
 
+def start_agents(stack: Stack, tokens: dict[str, str], gpus: str, poll_s: float) -> None:
+    """`Stack.agents`, with jobs on the agent's own uid: job uids (base + job id) of a bench
+    database would be the uids of other test runs' jobs on a shared host, whose end sweeps
+    them (the process runtime kills what is left of a job's uid)."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from agent.config import Config
+    from agent.main import Agent
+
+    workroot = Path(tempfile.mkdtemp(prefix="bench-gang-agents-"))
+    for name, token in tokens.items():
+        config = Config(
+            portal_url=stack.url,
+            token=token,
+            workdir=workroot / name,
+            simulate=True,
+            runtime="process",
+            sim_gpus=gpus,
+            hostname=name,
+            address="127.0.0.1",
+            poll_interval_s=poll_s,
+            heartbeat_interval_s=5,
+            job_uid_base=0,
+        )
+        threading.Thread(target=Agent(config).run, args=(stack.stop_agents,), daemon=True).start()
+
+
 def wait_state(job_id: int, states: tuple[str, ...], timeout: float = 120) -> str:
     from scheduler.models import Job
 
@@ -129,8 +158,8 @@ def main() -> None:
     restart_s: list[float] = []
     try:
         stack.start()
-        stack.agents(ones, gpus="1xH100-80GB-SXM", poll_s=args.poll)
-        stack.agents(eights, gpus="8xA100-80GB", poll_s=args.poll)
+        start_agents(stack, ones, "1xH100-80GB-SXM", args.poll)
+        start_agents(stack, eights, "8xA100-80GB", args.poll)
         time.sleep(8)  # every agent registered and polling
         for n in GANG_SIZES:
             for i in range(args.runs):

@@ -251,7 +251,8 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
             end_reason=Allocation.EndReason.PREEMPTED,
             update_fields=("exit_code", "resume", "preempt_deadline"),
         )
-    elif report.exit_code == 0:
+    elif report.exit_code == 0 and (not gang or report.reason == "exited"):
+        # (a gang member stopped by its agent, whatever its code, did not finish its part)
         job_transition(
             job=job,
             to=JobState.SUCCEEDED,
