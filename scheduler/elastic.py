@@ -233,6 +233,7 @@ def _place_again(job: Job, kept: list[Allocation]) -> None:
                 attempt=attempt,
                 share_milli=a.share_milli,
                 memory_mib=a.memory_mib,
+                billed_milli=a.billed_milli,  # the same share of the same GPU bills the same
                 gpu_model_id=a.gpu_model_id,
                 borrowed=a.borrowed,
                 started_at=now,

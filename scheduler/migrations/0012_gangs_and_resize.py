@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0010_quota_requests_and_member_cap'),
+        ('scheduler', '0011_allocation_billed_milli'),
     ]
 
     operations = [
