@@ -302,3 +302,30 @@ def test_users_resize_through_the_api_within_the_elastic_range(team, fleet, api)
     elastic.refresh_from_db()
     assert elastic.state == JobState.SCHEDULED and elastic.gpus == 1
     assert timezone.now() >= elastic.queued_at
+
+
+def test_the_job_page_shows_the_members_their_nodes_and_states(gang, client):
+    job, (m0, m1) = gang["job"], gang["members"]
+    start_everywhere(job)
+    exit_on(job, m1.node, 1)
+    client.force_login(gang["member"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    table = page.split('data-testid="members"', 1)[1].split("</table>", 1)[0]
+    for node, state in ((m0.node.name, "stopped"), (m1.node.name, "failed")):
+        assert node in table and f"state-{state}" in table
+    assert "rendezvous" in table
+
+
+def test_the_job_page_resizes_an_elastic_job(team, fleet, client):
+    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint_dir="/c")
+    run_cycle()
+    start_everywhere(elastic)
+    client.force_login(team["member"])
+    assert 'data-testid="resize-form"' in client.get(f"/jobs/{elastic.pk}/").content.decode()
+    bad = client.post(f"/jobs/{elastic.pk}/resize/", {"gpus": "5"}, follow=True)
+    assert "outside that range" in bad.content.decode()
+    assert Job.objects.get(pk=elastic.pk).state == JobState.RUNNING
+    client.post(f"/jobs/{elastic.pk}/resize/", {"gpus": "1"})
+    elastic.refresh_from_db()
+    assert elastic.state == JobState.PREEMPTING and elastic.resize["to"] == 1
+    assert 'data-testid="resizing"' in client.get(f"/jobs/{elastic.pk}/").content.decode()
