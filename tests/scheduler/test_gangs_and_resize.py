@@ -329,3 +329,29 @@ def test_the_job_page_resizes_an_elastic_job(team, fleet, client):
     elastic.refresh_from_db()
     assert elastic.state == JobState.PREEMPTING and elastic.resize["to"] == 1
     assert 'data-testid="resizing"' in client.get(f"/jobs/{elastic.pk}/").content.decode()
+
+
+def test_a_resize_never_confirmed_is_requeued_at_its_new_size(team, fleet, api):
+    from datetime import timedelta
+
+    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint_dir="/c")
+    run_cycle()
+    start_everywhere(elastic)
+    assert (
+        api(team["member"])
+        .post(f"/api/v1/jobs/{elastic.pk}/resize", {"gpus": 1}, format="json")
+        .status_code
+        == 200
+    )
+    deadline = Job.objects.get(pk=elastic.pk).preempt_deadline
+    run_cycle(now=deadline + timedelta(seconds=61))
+    elastic.refresh_from_db()
+    assert elastic.state in (JobState.QUEUED, JobState.SCHEDULED)  # requeued, maybe placed
+    assert elastic.gpus == 1 and elastic.resume and not elastic.resize
+    assert (
+        JobEvent.objects.filter(
+            job=elastic, from_state=JobState.PREEMPTING, to_state=JobState.QUEUED
+        )
+        .get()
+        .reason.startswith("Resized from 2 to 1 GPUs")
+    )
