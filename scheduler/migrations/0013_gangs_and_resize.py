@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0011_allocation_billed_milli'),
+        ('scheduler', '0012_job_dependencies'),
     ]
 
     operations = [
