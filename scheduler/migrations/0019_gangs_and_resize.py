@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduler', '0017_images_curated_registries_allowed'),
+        ('scheduler', '0018_job_templates'),
     ]
 
     operations = [
