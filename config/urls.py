@@ -13,6 +13,7 @@ from portal.ratelimit import ratelimited
 from scheduler import ops_views
 from scheduler import views as scheduler_views
 from scheduler.backends.slurm import views as slurm_views
+from web import events as web_events
 from web import views as web_views
 
 
@@ -24,6 +25,8 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("", web_views.home, name="home"),
+    # Pushed updates; in production the events service serves it (config/urls_events.py).
+    path("events/", web_events.events, name="events"),
     path(
         "login/",
         ratelimited("login", _login_rate, methods=("POST",), page=True)(

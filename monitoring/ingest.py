@@ -141,6 +141,7 @@ def build_batch(
             f"{fmt(s.get('temperature_c'))},{fmt(s.get('power_w'))}"
         )
         job_ids = [job for job, _share in held]
+        batch.jobs.update(job_ids)
         seen = newest.get(gpu_id)
         if seen is None or ts >= seen[0]:
             newest[gpu_id] = (ts, s, job_ids, model)

@@ -32,6 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
+from portal import push
 from portal.locks import redis_client
 
 CLUSTER_STEP_S = 10
@@ -93,6 +94,7 @@ class Batch:
     raw: dict[int, list[str]] = field(default_factory=dict)  # minute → raw sample lines
     cluster: dict[int, dict[str, float]] = field(default_factory=dict)  # 10 s bucket → counters
     xids: dict[int, str] = field(default_factory=dict)
+    jobs: set[int] = field(default_factory=set)  # jobs with samples in it (pushed updates)
 
     def count(self, ts: float, model: str, util: float | None, held: bool) -> None:
         if util is None:
@@ -157,6 +159,9 @@ for _ = 1, n do
 end
 n = tonumber(ARGV[i]); i = i + 1
 if n > 0 then redis.call('HSET', p .. ':lastxid', unpack(ARGV, i, i + 2 * n - 1)) end
+i = i + 2 * n
+n = tonumber(ARGV[i]); i = i + 1
+for j = i + 1, i + n do redis.call('PUBLISH', ARGV[j], ARGV[i]) end
 return false
 """
 
@@ -200,8 +205,25 @@ def write(batch: Batch, *, generation: str = "*") -> str | None:
     args.append(len(batch.xids))
     for gpu_id, xid in batch.xids.items():
         args += (gpu_id, xid)
+    channels = push_channels(batch)
+    args += (len(channels), TELEMETRY_MESSAGE, *channels)
     result = _write_script()(args=args)
     return None if result is None else text(result)
+
+
+TELEMETRY_MESSAGE = '{"k":"telemetry"}'
+
+
+def push_channels(batch: Batch) -> list[str]:
+    """Where the write script announces the heartbeat (`portal.push`): the node's page, the
+    pages of the jobs it has samples of, the cluster overview. Published in the same command."""
+    if not push.enabled():
+        return []
+    return [
+        push.node_channel(batch.node_id),
+        *(push.job_channel(job) for job in sorted(batch.jobs)),
+        push.cluster_channel(),
+    ]
 
 
 def generation(node_id: int) -> str:

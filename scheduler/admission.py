@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from portal import push
 from portal.audit import audit_record
 from portal.db import insert_instances
 from portal.errors import DomainError
@@ -622,6 +623,7 @@ def job_submit(
         },
         remote_addr=remote_addr,
     )
+    push.jobs_changed((job.pk, project.pk) for job in jobs)  # the queue has new jobs
     if verdict.admit:
         transaction.on_commit(request_cycle)
     return jobs

@@ -47,7 +47,7 @@ from scheduler.models import (
     JobState,
     Node,
 )
-from scheduler.transitions import job_transition, jobs_transition_bulk
+from scheduler.transitions import job_transition, jobs_changed, jobs_transition_bulk
 
 log = logging.getLogger(__name__)
 
@@ -630,12 +630,14 @@ def record_pending(
     if not changed:
         return 0
     # One statement: lock what is free and still queued (skipping rows held elsewhere), update it.
-    return bulk_update_rows(
+    updated = bulk_update_rows(
         Job,
         ["pending_reason", "pending_message", "queue_position", "estimated_start_at"],
         [(pk, *new) for pk, new in changed.items()],
         skip_locked_where={"state": JobState.QUEUED},
     )
+    jobs_changed(list(changed))  # their pages and the queue (a skipped row: a spare refresh)
+    return updated
 
 
 def expire_stale_preemptions(*, now: datetime) -> list[int]:

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from portal import push
 from portal.db import AnyOf, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
@@ -124,6 +125,7 @@ def job_transition(
     kind = notice_kind(current, to)
     if kind is not None:
         job_notices_after_commit([(job.pk, kind, reason[:500])])
+    push.jobs_changed([(job.pk, job.project_id)])  # after commit: its page and the queue
     return job
 
 
@@ -219,7 +221,17 @@ def jobs_transition_bulk(
         assignments_changed({node for job, node in pairs if job in moved})
         if changed:
             ports.allocations_changed(node_ids={node for job, node in pairs if job in changed})
+    jobs_changed([row[0] for row in rows])
     return updated
+
+
+def jobs_changed(job_ids: Sequence[int]) -> None:
+    """Tell the pages of these jobs and their projects' queues, after commit (`portal.push`).
+    One read of the jobs' projects, made only where pushed updates are on."""
+    if job_ids and push.enabled():
+        push.jobs_changed(
+            Job.objects.filter(AnyOf(F("pk"), list(job_ids))).values_list("pk", "project_id")
+        )
 
 
 JOB_EVENT_FIELDS = (

@@ -17,7 +17,7 @@ from portal.models import Role, User
 from portal.params import whole_number
 from portal.ratelimit import scope_allows
 from portal.selectors import project_get_visible, project_list_visible_to, project_role_of
-from scheduler import job_templates, quota_requests, selectors
+from scheduler import backends, job_templates, quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
 from scheduler.dependencies import array_retry_failed, array_view, is_array_root
 from scheduler.elastic import job_resize_request
@@ -249,7 +249,14 @@ def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
     return render(
         request,
         "scheduler/partials/_log_tail.html",
-        {"job": job, "text": text, "last": last, "done": job.is_terminal},
+        {
+            "job": job,
+            "text": text,
+            "last": last,
+            "done": job.is_terminal,
+            # our agents' appends are pushed (portal.push); a Slurm job's output file is polled
+            "pushed": not backends.is_external(job),
+        },
     )
 
 

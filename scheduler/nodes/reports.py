@@ -17,6 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent.protocol import FAILURE_TEXT
+from portal import push
 from portal.db import AnyOf, CompiledQuery
 from portal.errors import Conflict
 from scheduler import elastic, gangs
@@ -354,11 +355,12 @@ def job_log_append(
             return False
         try:
             with transaction.atomic():
-                LogChunk.objects.create(
+                chunk = LogChunk.objects.create(
                     job_id=job_id, attempt=attempt, seq=seq, stream=stream, text=text
                 )
         except IntegrityError:
             return False  # a retried chunk, stored (and counted) the first time
         job.log_bytes += kept
         job.save(update_fields=["log_bytes", "log_quota_hit"])
+    push.log_appended(job_id, chunk.pk)  # after commit: the job page's log tail
     return True

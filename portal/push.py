@@ -1,0 +1,107 @@
+"""Pushed page updates: messages on Redis pub/sub channels, published after commit.
+
+Pages learn that something changed from a server-sent event stream (`web/events.py`, served
+by the async events service) instead of polling. A message says *what* changed, never the
+new content: the page then fetches the partial it already knows how to fetch, through the same
+views, permissions and templates as a poll. A lost message costs freshness, never
+correctness: the stream's (re)connection refreshes every pushed part of the page once.
+
+Channels (prefixed with the cache's key prefix, so two deployments or test runs on one Redis
+never hear each other; pub/sub ignores Redis's database numbers):
+
+- `…:push:p:<project id>`  `{"k": "jobs", "ids": [job ids]}`: jobs of the project changed
+  state, queue position, pending reason or estimate, or were submitted (job lists, job pages);
+- `…:push:j:<job id>`      `{"k": "logs", "last": <last chunk id>}` a log append, and
+  `{"k": "telemetry"}` a heartbeat with samples of the job (published by the live store's
+  write script, `monitoring/live.py`, in the same Redis command);
+- `…:push:n:<node id>`     `{"k": "telemetry"}`: a heartbeat of the node (the node page);
+- `…:push:cluster`         `{"k": "telemetry"}`: any heartbeat (the cluster overview).
+
+Without Redis (the embedded default) nothing is published and the stream answers 204, so
+pages keep polling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+import redis
+from django.conf import settings
+from django.db import transaction
+
+_clients: dict[str, redis.Redis] = {}
+
+
+def enabled() -> bool:
+    """Whether pushed updates exist here: they ride on Redis."""
+    return bool(settings.REDIS_URL) and bool(getattr(settings, "PUSH_ENABLED", True))
+
+
+def channel_prefix() -> str:
+    prefix = settings.CACHES["default"].get("KEY_PREFIX", "") or "portal"
+    return f"{prefix}:push:"
+
+
+def project_channel(project_id: int) -> str:
+    return f"{channel_prefix()}p:{project_id}"
+
+
+def job_channel(job_id: int) -> str:
+    return f"{channel_prefix()}j:{job_id}"
+
+
+def node_channel(node_id: int) -> str:
+    return f"{channel_prefix()}n:{node_id}"
+
+
+def cluster_channel() -> str:
+    return f"{channel_prefix()}cluster"
+
+
+def _client() -> redis.Redis:
+    url = str(settings.REDIS_URL)
+    client = _clients.get(url)
+    if client is None:
+        client = _clients[url] = redis.Redis.from_url(url)
+    return client
+
+
+def _send(messages: list[tuple[str, bytes]]) -> None:
+    """One round trip for all of them. Push is advisory: a Redis error loses the message
+    (pages refresh on reconnect and fall back to polling), it never fails the write."""
+    try:
+        pipe = _client().pipeline(transaction=False)
+        for channel, data in messages:
+            pipe.publish(channel, data)
+        pipe.execute()
+    except redis.RedisError:
+        pass
+
+
+def publish(messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """Publish `(channel, message)` pairs once the current transaction commits (at once
+    outside one), so a page that fetches on hearing it sees the committed state."""
+    if not enabled():
+        return
+    encoded = [(channel, orjson.dumps(message)) for channel, message in messages]
+    if encoded:
+        transaction.on_commit(lambda: _send(encoded))
+
+
+def jobs_changed(pairs: Iterable[tuple[int, int]]) -> None:
+    """Jobs `(job id, project id)` changed what their pages and the queue show."""
+    if not enabled():
+        return
+    by_project: dict[int, list[int]] = {}
+    for job_id, project_id in pairs:
+        by_project.setdefault(project_id, []).append(job_id)
+    publish(
+        (project_channel(project_id), {"k": "jobs", "ids": sorted(ids)})
+        for project_id, ids in sorted(by_project.items())
+    )
+
+
+def log_appended(job_id: int, last: int) -> None:
+    publish([(job_channel(job_id), {"k": "logs", "last": last})])
