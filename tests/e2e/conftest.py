@@ -53,3 +53,30 @@ def page(browser, live_server) -> Iterator[object]:
     page.set_default_timeout(15_000)
     yield page
     context.close()
+
+
+@pytest.fixture
+def asgi_server(transactional_db) -> Iterator[str]:
+    """The portal under uvicorn (ASGI), as the events service runs it: pushed updates work.
+    (pytest-django's live server is WSGI, where the stream answers 204 and pages poll.)"""
+    import socket
+    import threading
+
+    import uvicorn
+    from django.core.asgi import get_asgi_application
+
+    from tests.polling import wait_for
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        get_asgi_application(), log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=15)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
