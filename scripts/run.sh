@@ -34,7 +34,17 @@ else
   RUNTIME_BANNER="processes (no container engine here: demo isolation only)"
 fi
 
-"$PY" manage.py runserver "127.0.0.1:${PORT}" --noreload >var/log/web.log 2>&1 &
+# Pages are pushed (server-sent events over Redis pub/sub) when Redis is configured: then the
+# portal runs under uvicorn (ASGI), where the stream is a coroutine. The embedded default has no
+# Redis: Django's runserver (WSGI) serves it, the stream answers 204 and pages poll.
+if [ -n "${REDIS_URL:-}" ]; then
+  ${VENV:-.venv}/bin/uvicorn config.asgi:application --host 127.0.0.1 --port "${PORT}" \
+    --log-level warning >var/log/web.log 2>&1 &
+  WEB_BANNER="uvicorn (ASGI): pages pushed by server-sent events"
+else
+  "$PY" manage.py runserver "127.0.0.1:${PORT}" --noreload >var/log/web.log 2>&1 &
+  WEB_BANNER="runserver (WSGI): pages poll (push needs REDIS_URL)"
+fi
 pids+=($!)
 "$CELERY" -A config worker -Q scheduler,default,provisioning,telemetry,billing \
   --pool threads --concurrency 4 --loglevel INFO >var/log/worker.log 2>&1 &
@@ -58,6 +68,7 @@ cat <<MSG
 
   GPU Cloud portal   http://127.0.0.1:${PORT}/
   API docs           http://127.0.0.1:${PORT}/api/docs/
+  Served by          ${WEB_BANNER}
   Logs               var/log/ (web, worker, beat, one per simulated agent)
   Jobs run as        ${RUNTIME_BANNER}
 
