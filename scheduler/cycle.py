@@ -174,6 +174,15 @@ def _decayed_usage(
     return usage
 
 
+def node_unavailable(state: str, fenced: bool, has_spoken: bool) -> str:
+    """Why a node takes no work, in words for a waiting job's reason ("" when it takes work)."""
+    if state != Node.State.READY:
+        return str(Node.State(state).label).lower()
+    if fenced:
+        return "fenced until its agent reports"
+    return "" if has_spoken else "waiting for its agent"
+
+
 def build_state(
     *, now: datetime, extra_jobs: list[Job] | None = None, with_usage: bool = True
 ) -> CycleInput:
@@ -265,6 +274,7 @@ def build_state(
             schedulable=n.state == Node.State.READY
             and not n.fenced
             and n.last_heartbeat_at is not None,
+            unavailable=node_unavailable(n.state, n.fenced, n.last_heartbeat_at is not None),
         )
         for n in reads.NODES.rows()
     ]

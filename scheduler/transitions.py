@@ -42,6 +42,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.REJECTED: frozenset(),
 }
 
+# A job requeued through no fault of its own (preempted, or its node lost) keeps its place in
+# the queue: its first queued time still orders it. A restart after its own failure goes last.
+KEEPS_ITS_PLACE = frozenset({S.PREEMPTING, S.LOST})
+
 # Leaving a state that holds GPUs for one that does not ends the job's allocations.
 HOLDS_GPUS = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTING})
 END_REASON_FOR: dict[str, str] = {
@@ -81,8 +85,8 @@ def job_transition(
     now = timezone.now()
     fields = {"state", "updated_at", *update_fields}
     job.state = to
-    if to == S.QUEUED:
-        job.queued_at = now
+    if to == S.QUEUED and not (current in KEEPS_ITS_PLACE and job.queued_at is not None):
+        job.queued_at = now  # the queue orders by it: the back of the queue
         fields.add("queued_at")
     if to == S.RUNNING and job.started_at is None:
         job.started_at = now

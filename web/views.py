@@ -24,7 +24,7 @@ from portal.selectors import (
 )
 from scheduler.core.reasons import PendingReason
 from scheduler.estimates import job_hourly_cost, model_availability
-from scheduler.models import ACTIVE_STATES, Allocation, Job, JobState, Node, PriorityClass
+from scheduler.models import ACTIVE_STATES, Allocation, Job, JobEvent, JobState, Node, PriorityClass
 from scheduler.ops_views import node_actions, slurm_node_actions, staff_required
 from scheduler.selectors import (
     job_get_visible,
@@ -86,6 +86,17 @@ def project_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "web/project_detail.html", context)
 
 
+def requeued_notice(job: Job) -> JobEvent | None:
+    """The event that put a waiting job back in the queue after it was preempted or lost its
+    node (it kept its place: `scheduler.transitions.KEEPS_ITS_PLACE`), else None."""
+    if job.state != JobState.QUEUED:
+        return None
+    last = job.events.order_by("-created_at", "-pk").first()
+    if last is None or last.from_state not in (JobState.PREEMPTING, JobState.LOST):
+        return None
+    return last
+
+
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = job_get_visible(user=_user(request), job_id=job_id)
@@ -106,6 +117,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
         "never_ran": job.is_terminal and not job.allocations.exists(),
         "dependencies": list(job.dependencies.order_by("pk")) if not wants_partial(request) else [],
+        "requeued": requeued_notice(job),
     }
     return render_partial_or_page(
         request,

@@ -394,3 +394,8 @@ CELERY_BEAT_SCHEDULE["autoscale"] = {
     "schedule": 15.0,
     "options": {"expires": 30},
 }
+
+# Pushed page updates (portal/push.py, web/events.py): on wherever Redis is; PUSH_ENABLED=false
+# turns them off (pages poll). A stream ends after PUSH_STREAM_MAX_S and the browser reconnects.
+PUSH_ENABLED = env.bool("PUSH_ENABLED", default=True)
+PUSH_STREAM_MAX_S = env.int("PUSH_STREAM_MAX_S", default=300)

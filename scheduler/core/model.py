@@ -127,6 +127,9 @@ class NodeView:
     memory_mib_free: int
     labels: Mapping[str, str] = field(default_factory=_empty_str_map)
     schedulable: bool = True
+    # Why an unschedulable node takes no work, in words ("draining", "cordoned", ...): a job
+    # whose only fitting GPUs are there waits for them instead of being told it never fits.
+    unavailable: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 class PendingReason(enum.StrEnum):
     NO_CAPACITY = "no_capacity"
     NO_MATCHING_GPU = "no_matching_gpu"
+    NODES_UNAVAILABLE = "nodes_unavailable"
     NODE_CONSTRAINTS = "node_constraints"
     QUOTA = "quota"
     BUDGET = "budget"
@@ -56,6 +57,7 @@ class PendingReason(enum.StrEnum):
 _LABELS = {
     PendingReason.NO_CAPACITY: "Waiting for GPUs",
     PendingReason.NO_MATCHING_GPU: "No matching GPU",
+    PendingReason.NODES_UNAVAILABLE: "Its nodes are unavailable",
     PendingReason.NODE_CONSTRAINTS: "Node requirements not met",
     PendingReason.QUOTA: "Over quota",
     PendingReason.BUDGET: "Budget exhausted",
@@ -70,6 +72,9 @@ _LABELS = {
 _HEADLINES = {
     PendingReason.NO_CAPACITY: "Waiting for {what}",
     PendingReason.NO_MATCHING_GPU: "No GPU in this pool can ever run it: {detail}",
+    PendingReason.NODES_UNAVAILABLE: (
+        "The GPUs that can run it are out of service for now ({detail}); it waits for them"
+    ),
     PendingReason.NODE_CONSTRAINTS: "No node meets the job's node requirements: {detail}",
     PendingReason.QUOTA: "Held by your project's quota: {detail}",
     PendingReason.BUDGET: (

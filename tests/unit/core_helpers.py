@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from scheduler.core.model import (
     GpuView,
@@ -116,9 +117,7 @@ def occupy(nodes: Sequence[NodeView], work: Sequence[RunningWork]) -> tuple[Node
             )
             for g in n.gpus
         )
-        out.append(
-            NodeView(n.node_id, n.name, n.pool, gpus, n.cpu_milli_free, n.memory_mib_free, n.labels)
-        )
+        out.append(replace(n, gpus=gpus))
     return tuple(out)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scheduler.core import PendingReason, PolicyConfig, ProjectQuota, plan
@@ -358,3 +360,25 @@ def test_same_inputs_same_plan(scorer: str) -> None:
     queue = [job(i, gpu_milli=250 if i % 3 else 1000, gpus=1 if i % 3 else 2) for i in range(1, 15)]
     cfg = PolicyConfig(scorer=scorer, seed=7)
     assert plan(snap, queue, cfg, NOW) == plan(snap, queue, cfg, NOW)
+
+
+@pytest.mark.parametrize(
+    ("request_kw", "reason", "says"),
+    [
+        # its only GPUs are on a draining node: it waits for them, it is not told "never"
+        ({"models": frozenset({"A100"})}, PendingReason.NODES_UNAVAILABLE, "draining"),
+        ({"gpus": 12}, PendingReason.NODES_UNAVAILABLE, "draining"),
+        # what no node has, drained or not, still never fits ("can ever run it")
+        ({"models": frozenset({"H100"})}, PendingReason.NO_MATCHING_GPU, "can ever run it"),
+        ({"gpus": 32}, PendingReason.NO_MATCHING_GPU, "can ever run it"),
+    ],
+)
+def test_a_drain_makes_jobs_wait_for_their_nodes(
+    request_kw: dict[str, object], reason: PendingReason, says: str
+) -> None:
+    draining = dataclasses.replace(node(1, 8, "A100"), schedulable=False, unavailable="draining")
+    p = plan(snapshot([draining, node(2, 8, "T4")]), [job(1, **request_kw)], GREEDY, NOW)
+    assert not p.placements
+    assert p.pending[1].reason is reason
+    assert says in p.pending[1].message
+    assert reason.can_start_later == (reason is PendingReason.NODES_UNAVAILABLE)

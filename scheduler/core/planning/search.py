@@ -51,9 +51,9 @@ class RequestMasks:
             )
         return hit
 
-    def node_mask(self, job: JobRequest) -> BoolArray:
+    def node_mask(self, job: JobRequest, *, schedulable_only: bool = True) -> BoolArray:
         st = self.ctx.st
-        ok = st.schedulable.copy()
+        ok = st.schedulable.copy() if schedulable_only else np.ones(len(st.names), dtype=bool)
         if job.pool is not None:
             ok &= np.array([p == job.pool for p in st.pools], dtype=bool)
         if job.node_selector:
@@ -73,6 +73,32 @@ class RequestMasks:
         )
 
     def static_check(
+        self, job: JobRequest, node_ok: BoolArray, model_ok: BoolArray
+    ) -> tuple[PendingReason, str] | None:
+        """Why the job can never start on the schedulable nodes as they are, or None. When
+        it would fit once nodes that are out of service (draining, cordoned...) return, the
+        reason says so and names them: it waits, it is not told it never fits."""
+        found = self._static_check(job, node_ok, model_ok)
+        if found is None or found[0] not in (
+            PendingReason.NO_MATCHING_GPU,
+            PendingReason.NODE_CONSTRAINTS,
+        ):
+            return found
+        every = self.node_mask(job, schedulable_only=False)
+        out = every & ~node_ok
+        if not out.any() or self._static_check(job, every, model_ok) is not None:
+            return found
+        st = self.ctx.st
+        fitting = out & (st.gpu_model_ok(model_ok) & st.gpu_valid).any(axis=1)
+        nodes = self.ctx.snap.nodes
+        named = [
+            f"{st.names[i]} {nodes[i].unavailable or 'unavailable'}"
+            for i in np.flatnonzero(fitting if fitting.any() else out)
+        ]
+        more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+        return PendingReason.NODES_UNAVAILABLE, ", ".join(named[:5]) + more
+
+    def _static_check(
         self, job: JobRequest, node_ok: BoolArray, model_ok: BoolArray
     ) -> tuple[PendingReason, str] | None:
         st = self.ctx.st
