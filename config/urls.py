@@ -157,7 +157,11 @@ urlpatterns = [
     path("api/v1/monitoring/", include("monitoring.api.urls")),
     path("api/agent/v1/", include("scheduler.agent_api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="api-schema", template_name="portal/api_docs.html"),
+        name="api-docs",
+    ),
 ]
 if settings.OIDC_ENABLED:  # optional single sign-on through OpenID Connect (portal/oidc.py)
     urlpatterns.append(path("oidc/", include("mozilla_django_oidc.urls")))

@@ -248,6 +248,18 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The docs page lists the groups in this order (portal.api.schema.PortalAutoSchema.get_tags).
+    "TAGS": [
+        {
+            "name": "Portal API",
+            "description": "Projects, jobs, GPU catalog, tokens, usage: authenticate with an "
+            "API token (Authorization: Bearer gpc_…).",
+        },
+        {
+            "name": "Node agents (internal)",
+            "description": "What the node agents call with their node tokens; not for people.",
+        },
+    ],
 }
 
 # Celery: Redis when configured, else a broker in local files so `make run` needs no server.

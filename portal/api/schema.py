@@ -59,9 +59,20 @@ IDEMPOTENCY_KEY_PARAMETER: dict[str, Any] = {
 }
 
 
+PUBLIC_TAG = "Portal API"
+AGENT_TAG = "Node agents (internal)"
+
+
 class PortalAutoSchema(AutoSchema):
     """drf-spectacular's AutoSchema plus the documented error answers of every operation, and
     the `Idempotency-Key` header on the POSTs of views that honour it."""
+
+    def get_tags(self) -> list[str]:
+        """Two groups, the public API first (SPECTACULAR_SETTINGS["TAGS"] orders them): the node
+        agents' endpoints are for agents, not for the people reading the docs."""
+        if self.path.startswith("/api/agent/"):
+            return [AGENT_TAG]
+        return [PUBLIC_TAG]
 
     def _idempotent(self) -> bool:
         from portal.api.idempotency import IdempotentPostMixin

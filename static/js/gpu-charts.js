@@ -1,4 +1,4 @@
-/* Live GPU charts: uPlot instances created once, fed by htmx polling (hx-swap="none").
+/* Live GPU charts: uPlot instances created once, fed by htmx (pushed, or polled: hx-swap="none").
  *
  * An element with [data-gpu-charts] polls a JSON endpoint; each answer is
  *   {range, charts: [{key, title, unit, x: [epoch s], series: [label], values: [[v|null]]}]}
@@ -45,27 +45,55 @@
     return new uPlot(opts, [chart.x].concat(chart.values), holder);
   }
 
+  // Holders first, plots after: a grid cell's width is known only once all its siblings are
+  // in (one lone cell spans the whole row). Each holder is watched, so a plot follows its cell
+  // whenever the grid lays out again (window resize, a scrollbar, a sibling appearing).
+  var resizer = window.ResizeObserver ? new ResizeObserver(function (entries) {
+    entries.forEach(function (entry) {
+      var plot = entry.target._plot;
+      if (plot && Math.abs(plot.width - width(entry.target)) > 1) {
+        plot.setSize({ width: width(entry.target), height: 200 });
+      }
+    });
+  }) : null;
+
   function renderCharts(el, charts) {
     var plots = state.get(el);
     if (!plots) { plots = {}; state.set(el, plots); }
+    var pending = [];
     charts.forEach(function (chart) {
-      var sig = chart.series.join("\u0001");
       var entry = plots[chart.key];
-      if (entry && entry.sig === sig) {
-        entry.plot.setData([chart.x].concat(chart.values)); // same canvas, new data
-        return;
-      }
-      var holder = entry ? entry.holder : document.createElement("div");
-      if (entry) { entry.plot.destroy(); } else {
+      var empty = chart.x.length === 0;
+      if (!entry) {
+        var holder = document.createElement("div");
         holder.className = "mon-chart";
         holder.setAttribute("data-chart-key", chart.key);
         el.appendChild(holder);
+        entry = plots[chart.key] = { plot: null, sig: null, holder: holder };
+        if (resizer) { resizer.observe(holder); }
       }
-      plots[chart.key] = { plot: makePlot(chart, holder), sig: sig, holder: holder };
+      // no samples: no plot (uPlot would draw an empty axis from 1970), the status says why
+      entry.holder.hidden = empty;
+      if (!empty) { pending.push([chart, entry]); }
     });
-    var empty = charts.every(function (c) { return c.x.length === 0; });
+    pending.forEach(function (item) {
+      var chart = item[0], entry = item[1];
+      var sig = chart.series.join("\u0001");
+      if (entry.plot && entry.sig === sig) {
+        entry.plot.setData([chart.x].concat(chart.values)); // same canvas, new data
+        return;
+      }
+      if (entry.plot) { entry.plot.destroy(); }
+      entry.plot = makePlot(chart, entry.holder);
+      entry.holder._plot = entry.plot;
+      entry.sig = sig;
+    });
     var status = el.parentElement && el.parentElement.querySelector("[data-chart-status]");
-    if (status) { status.textContent = empty ? "No telemetry in this range yet." : ""; }
+    if (status) {
+      status.textContent = pending.length ? "" :
+        (Object.keys(plots).some(function (k) { return plots[k].plot; })
+          ? "No telemetry in this range yet." : "No telemetry yet.");
+    }
   }
 
   // ---- cluster overview: heatmap on one canvas, repainted in place
@@ -182,12 +210,13 @@
     if (target && window.htmx) { window.htmx.trigger(target, "chart-refresh"); }
   });
 
-  window.addEventListener("resize", function () {
+  window.addEventListener("resize", function () { // without ResizeObserver only
+    if (resizer) { return; }
     document.querySelectorAll("[data-gpu-charts], [data-gpu-charts-target]").forEach(function (el) {
       var plots = state.get(el);
       if (!plots) { return; }
       Object.keys(plots).forEach(function (k) {
-        plots[k].plot.setSize({ width: width(plots[k].holder), height: 200 });
+        if (plots[k].plot) { plots[k].plot.setSize({ width: width(plots[k].holder), height: 200 }); }
       });
     });
   });
