@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from bench import REPO, command_line, markdown_table, write_section
@@ -132,14 +133,22 @@ def _measure(
             tab.wait_for_load_state("load")
             tabs.append(tab)
         time.sleep(5)  # past the page's own load requests (and the stream's first refresh)
+        kinds: Counter[str] = Counter()
+
+        def seen(request: object) -> None:
+            counts[0] += 1
+            url = request.url.split("?")[0].rstrip("/").rsplit("/", 1)[-1]  # type: ignore[attr-defined]
+            kinds[f"{url} ({request.headers.get('x-refresh-cause', '-')})"] += 1  # type: ignore[attr-defined]
+
         for tab in tabs:
-            tab.on("request", lambda r: counts.__setitem__(0, counts[0] + 1))
+            tab.on("request", seen)
         cpu0, t0 = _cpu_s(pid), time.monotonic()
         end = t0 + seconds
         while time.monotonic() < end:
             tabs[0].wait_for_timeout(250)  # keeps Playwright's event loop turning
         cpu1, elapsed = _cpu_s(pid), time.monotonic() - t0
         browser.close()
+    print(dict(kinds), flush=True)
     per = pages * elapsed / 60
     return counts[0] / per, (cpu1 - cpu0) / per
 

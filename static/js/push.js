@@ -1,14 +1,16 @@
 /* Pushed page updates: one EventSource per page (web/events.py), instead of a poll per part.
  *
- * A part that can be pushed declares what it listens to:
+ * A part that can be pushed declares what it listens to and how often it would poll:
  *   data-push="job|logs|telemetry|queue"   the event that refreshes it
  *   data-push-topic="job=42"               what the stream must carry (job=, node=, cluster=, queue=)
- * and keeps its htmx request, triggered by "push" plus a guarded poll:
- *   hx-trigger="push, every 2s [!gpPushLive()]"
- * so it polls only while push is unavailable: no EventSource in the browser, the server said
- * 204 (no Redis, or a WSGI server that cannot stream), the stream failed, or it has been
- * reconnecting for longer than GRACE_MS. On "ready" (every (re)connection) each part refreshes
- * once, covering what changed between the page's rendering and the subscription.
+ *   data-poll="2000"                       its poll interval in ms, used only without push
+ * and triggers its htmx request on "push" and "poll":  hx-trigger="push, poll".
+ * This file fires "poll" only while push is unavailable: no EventSource in the browser, the
+ * server said 204 (no Redis, or a WSGI server that cannot stream), the stream failed, or it has
+ * been reconnecting for longer than GRACE_MS. (Not htmx's `every 2s [filter]`: its filters are
+ * compiled with eval, which the content security policy forbids.) On "ready" (every
+ * (re)connection) each part refreshes once, covering what changed between the page's rendering
+ * and the subscription. A part whose answer is 286 (htmx's "stop polling") polls no more.
  */
 (function () {
   "use strict";
@@ -17,6 +19,7 @@
   var state = "off"; // off | connecting | open | failed
   var since = Date.now();
   var lastLog = 0; // the newest log chunk id the stream announced
+  var skipped = 0; // polls not made because push was live (the browser tests wait on it)
 
   window.gpPushLive = function () {
     if (state === "open") { return true; }
@@ -50,11 +53,29 @@
     return seen;
   }
 
-  // Which event caused a request, for the benchmark and the browser tests (push or other).
+  window.gpPushStats = function () { return { state: state, skipped: skipped }; };
+
+  // Which event caused a request, for the benchmark and the browser tests (push, poll, other).
   document.addEventListener("htmx:configRequest", function (e) {
-    var t = e.detail.triggeringEvent;
-    e.detail.headers["X-Refresh-Cause"] = t && t.type === "push" ? "push" : "other";
+    var t = e.detail.triggeringEvent && e.detail.triggeringEvent.type;
+    e.detail.headers["X-Refresh-Cause"] = t === "push" || t === "poll" ? t : "other";
   });
+
+  document.addEventListener("htmx:afterRequest", function (e) {
+    if (e.detail.xhr && e.detail.xhr.status === 286 && e.detail.elt) { e.detail.elt._gpStopped = true; }
+  });
+
+  // The fallback: each [data-poll] part polls at its interval while push is not live.
+  setInterval(function () {
+    var now = Date.now();
+    document.querySelectorAll("[data-poll]").forEach(function (el) {
+      var every = Number(el.getAttribute("data-poll")) || 2000;
+      if (!el._gpNext) { el._gpNext = now + every; return; }
+      if (now < el._gpNext || el._gpStopped) { return; }
+      el._gpNext = now + every;
+      if (window.gpPushLive()) { skipped += 1; } else if (window.htmx) { window.htmx.trigger(el, "poll"); }
+    });
+  }, 250);
 
   // A log tail answers with a new span: if the stream announced later lines meanwhile, fetch.
   document.addEventListener("htmx:load", function (e) {
