@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +175,7 @@ def translate(routes: dict[str, tuple[str, Route]], channel: str, raw: bytes) ->
     return "", {}
 
 
-async def stream(routes: dict[str, tuple[str, Route]], max_s: float) -> AsyncIterator[bytes]:
+async def stream(routes: dict[str, tuple[str, Route]], max_s: float) -> AsyncGenerator[bytes, None]:
     queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
     channels = list(routes)
     the_hub = hub()
@@ -217,7 +217,7 @@ async def stream(routes: dict[str, tuple[str, Route]], max_s: float) -> AsyncIte
         await the_hub.leave(channels, queue)
 
 
-async def events(request: HttpRequest) -> HttpResponse:
+async def events(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     if not push.enabled() or not isinstance(request, ASGIRequest):
         return HttpResponse(status=204)  # no push here: EventSource gives up, the page polls
     user = await request.auser()
