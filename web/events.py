@@ -179,7 +179,11 @@ async def stream(routes: dict[str, tuple[str, Route]], max_s: float) -> AsyncGen
     queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
     channels = list(routes)
     the_hub = hub()
-    await the_hub.join(channels, queue)
+    try:
+        await the_hub.join(channels, queue)
+    except BaseException:
+        await the_hub.leave(channels, queue)
+        raise
     try:
         # retry: the browser's reconnection delay; ready: the page refreshes what it may have
         # missed between rendering and now (and after every reconnection).
