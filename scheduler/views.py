@@ -246,6 +246,7 @@ def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.job_get_visible(user=_user(request), job_id=job_id)
     after = whole_number(request.GET.get("after", "0"), maximum=2**63 - 1) or 0
     text, last = selectors.job_log_text(job, after_id=after)
+    pushed = not backends.is_external(job)
     return render(
         request,
         "scheduler/partials/_log_tail.html",
@@ -255,7 +256,11 @@ def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
             "last": last,
             "done": job.is_terminal,
             # our agents' appends are pushed (portal.push); a Slurm job's output file is polled
-            "pushed": not backends.is_external(job),
+            "pushed": pushed,
+            # more already stored than one answer holds: fetch on at once, else wait for a push
+            "more": bool(text) and (
+                not pushed or LogChunk.objects.filter(job=job, pk__gt=last).exists()
+            ),
         },
     )
 
