@@ -258,9 +258,8 @@ def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
             # our agents' appends are pushed (portal.push); a Slurm job's output file is polled
             "pushed": pushed,
             # more already stored than one answer holds: fetch on at once, else wait for a push
-            "more": bool(text) and (
-                not pushed or LogChunk.objects.filter(job=job, pk__gt=last).exists()
-            ),
+            "more": bool(text)
+            and (not pushed or LogChunk.objects.filter(job=job, pk__gt=last).exists()),
         },
     )
 

@@ -114,14 +114,14 @@ def test_an_ended_job_stops_the_status_poll_and_one_that_never_ran_shows_no_char
     job = Job.objects.get()
     run_cycle()
     page = logged_in.get(f"/jobs/{job.pk}/").content.decode()
-    assert 'hx-trigger="every 2s"' in page and 'data-testid="logs"' in page
+    assert 'data-push="job" data-push-topic="job=' in page and 'data-testid="logs"' in page
     assert logged_in.get(f"/jobs/{job.pk}/", HTTP_HX_REQUEST="true").status_code == 200
     logged_in.post(f"/jobs/{job.pk}/cancel/")
     poll = logged_in.get(f"/jobs/{job.pk}/", HTTP_HX_REQUEST="true")
     # 286: htmx swaps this last status in and polls no more
     assert poll.status_code == 286 and "Cancelled" in poll.content.decode()
     page = logged_in.get(f"/jobs/{job.pk}/").content.decode()
-    assert 'hx-trigger="every 2s"' not in page
+    assert 'data-push="job"' not in page
     assert 'data-testid="logs"' in page and 'data-testid="never-ran"' not in page  # it held GPUs
 
     rejected = {**FORM, "name": "too-big", "gpus": "64"}
