@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from agent.protocol import FAILURE_TEXT
 from scheduler.core.reasons import PendingReason
+from scheduler.models import DependencyKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -42,6 +43,8 @@ def raw_codes() -> set[str]:
         for field in model._meta.get_fields():
             for value, _label in getattr(field, "flatchoices", None) or ():
                 codes.add(str(value))
+    # Dependency kinds are also what researchers type (after_ok:12), so the form explains them.
+    codes -= {str(value) for value in DependencyKind.values}
     return {c for c in codes if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", c)}
 
 
