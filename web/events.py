@@ -222,11 +222,11 @@ async def stream(routes: dict[str, tuple[str, Route]], max_s: float) -> AsyncGen
 
 
 async def events(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
-    if not push.enabled() or not isinstance(request, ASGIRequest):
-        return HttpResponse(status=204)  # no push here: EventSource gives up, the page polls
     user = await request.auser()
     if not user.is_authenticated:
         return HttpResponse(status=403)
+    if not push.enabled() or not isinstance(request, ASGIRequest):
+        return HttpResponse(status=204)  # no push here: EventSource gives up, the page polls
     try:
         routes = await sync_to_async(routes_for)(user, request.GET)
     except PermissionError:

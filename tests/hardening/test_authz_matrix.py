@@ -283,6 +283,9 @@ RULES: dict[str, Rule] = {
     # Probes for load balancers: open to every caller, they say only whether the portal is up
     # and its dependencies answer.
     "healthz": Rule({"get": {r: 200 for r in ROLES}}),
+    # Pushed updates: signed-in callers only; under this (WSGI) client no stream, 204 (the
+    # stream's own permissions per topic: tests/web/test_events.py, under ASGI).
+    "events": Rule({"get": {**{r: 204 for r in ROLES}, "anonymous": 403, "agent": 403}}),
     "readyz": Rule({"get": {r: 200 for r in ROLES}}),
     "ops-nodes": Rule({"get": STAFF_PAGE}),
     "ops-node-detail": Rule({"get": STAFF_PAGE}),
