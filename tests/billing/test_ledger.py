@@ -85,13 +85,15 @@ def test_fully_credited_usage_bills_exactly_zero(lab, place):
         end=at("2025-03-10 00:00:36"),
         end_reason="node_lost",
     )
-    place(
+    faulted = place(
         gpu=gpu,
         preemptible=True,
         start=at("2025-03-11 00:00:00"),
         end=at("2025-03-11 00:01:30"),
         end_reason="gpu_fault",
     )
+    # a GPU fault credits only once corroborated (docs/billing.md): an operator confirmed it
+    Allocation.objects.filter(pk=faulted.pk).update(fault_corroborated_at=at("2025-03-11 00:05:00"))
     march = close(lab["a"])
     assert sorted(UsageRecord.objects.values_list("amount", flat=True)) == [
         Decimal("0.035"),
