@@ -20,6 +20,8 @@ from billing.models import (
     CreditGrant,
     Invoice,
     InvoiceLine,
+    InvoiceSequence,
+    MonthClose,
     Notification,
     PriceVersion,
     ProjectBilling,
@@ -305,3 +307,18 @@ class ReservationRequestAdmin(ReadOnlyAdmin):
     list_display = ["project", "gpu_model", "gpus", "term_months", "status", "created_at", "plan"]
     list_filter = ["status", "term_months"]
     search_fields = ["project__slug", "requested_by__email"]
+
+
+@admin.register(InvoiceSequence)
+class InvoiceSequenceAdmin(ReadOnlyAdmin):
+    """The last invoice number given out per issuer (gapless; only a close advances it)."""
+
+    list_display = ["issuer", "last"]
+
+
+@admin.register(MonthClose)
+class MonthCloseAdmin(ReadOnlyAdmin):
+    """Month closes started from the finance page or `close_month`, with their progress."""
+
+    list_display = ["period_start", "status", "done", "failed", "total", "started_at"]
+    list_filter = ["status"]

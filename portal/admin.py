@@ -18,8 +18,11 @@ from portal.models import (
     IdempotencyKey,
     Invitation,
     Membership,
+    NotificationPreference,
     Project,
+    ProjectWebhook,
     User,
+    WebhookDelivery,
 )
 
 
@@ -157,3 +160,31 @@ class InvitationAdmin(ReadOnlyAdmin):
     list_filter = ["role"]
     search_fields = ["email", "project__slug"]
     exclude = ["token_hash"]
+
+
+@admin.register(NotificationPreference)
+class NotificationPreferenceAdmin(ReadOnlyAdmin):
+    """Each user's e-mail choices per kind of notice; users set them on their own page."""
+
+    list_display = ["user", "kind", "email"]
+    list_filter = ["kind", "email"]
+    search_fields = ["user__email"]
+
+
+@admin.register(ProjectWebhook)
+class ProjectWebhookAdmin(ReadOnlyAdmin):
+    """Owners set their project's webhook; the signing secret is never shown here."""
+
+    list_display = ["project", "url", "is_active", "created_at"]
+    list_filter = ["is_active"]
+    search_fields = ["project__slug", "url"]
+    exclude = ["secret"]
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    """Deliveries of project webhooks and their retries."""
+
+    list_display = ["webhook", "kind", "status", "attempts"]
+    list_filter = ["status", "kind"]
+    search_fields = ["webhook__project__slug"]

@@ -17,7 +17,10 @@ from scheduler.models import (
     Gpu,
     GpuModel,
     Job,
+    JobDependency,
     JobEvent,
+    JobMember,
+    JobTemplate,
     LogChunk,
     Node,
     NodeEvent,
@@ -131,6 +134,30 @@ class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
         return False
 
 
+class JobDependencyInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = JobDependency
+    fk_name = "job"
+    extra = 0
+    can_delete = False
+    readonly_fields = ("on", "kind", "whole_array")
+    fields = readonly_fields
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class JobMemberInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = JobMember
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Read-only: jobs change state only through the scheduler's services."""
@@ -140,7 +167,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ["name", "project__slug", "submitted_by__email"]
     list_select_related = ["project", "gpu_model"]
     date_hierarchy = "created_at"
-    inlines = [JobEventInline]
+    inlines = [JobEventInline, JobDependencyInline, JobMemberInline]
     exclude = ["secret_env"]  # write-only, for operators too: the masked names instead
     readonly_fields = ["secret_env_names"]
 
@@ -292,3 +319,12 @@ class CuratedImageAdmin(AuditedAdmin):
     list_filter = ["is_active", "framework"]
     list_editable = ["is_active"]
     search_fields = ["name", "reference"]
+
+
+@admin.register(JobTemplate)
+class JobTemplateAdmin(ReadOnlyAdmin):
+    """Members save and delete templates on their pages; operators look here."""
+
+    list_display = ["name", "project", "created_by", "created_at"]
+    search_fields = ["name", "project__slug"]
+    list_select_related = ["project", "created_by"]
