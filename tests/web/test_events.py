@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 
 import pytest
 import redis
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.test import AsyncClient
@@ -27,6 +28,13 @@ def _submit(api, user, **extra):
     resp = api(user).post("/api/v1/jobs", {**body, **extra}, format="json")
     assert resp.status_code == 201, resp.content
     return Job.objects.get(pk=resp.json()["id"])
+
+
+def _run(scenario) -> None:
+    """Run an async scenario on its own loop in its own thread: a session's browser (Playwright's
+    sync API) keeps an event loop running in the main thread, where async_to_sync refuses."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, scenario()).result()
 
 
 async def _open(user, query):
@@ -54,7 +62,7 @@ def test_a_job_page_hears_of_its_job_after_commit_and_of_nothing_else(team, flee
         got = await asyncio.wait_for(anext(chunks), timeout=10)
         assert _events(got) == ["job"] and f'"id":{job.pk}'.encode() in got
 
-    async_to_sync(scenario)()
+    _run(scenario)
 
 
 def test_a_job_list_hears_of_submissions_in_its_projects_only(team, fleet, api):
@@ -69,7 +77,7 @@ def test_a_job_list_hears_of_submissions_in_its_projects_only(team, fleet, api):
         got = await asyncio.wait_for(anext(chunks), timeout=10)
         assert _events(got) == ["queue"]
 
-    async_to_sync(scenario)()
+    _run(scenario)
 
 
 def test_log_appends_and_heartbeats_reach_the_job_page(placed):  # noqa: F811
@@ -91,7 +99,7 @@ def test_log_appends_and_heartbeats_reach_the_job_page(placed):  # noqa: F811
         got = await asyncio.wait_for(anext(chunks), timeout=10)
         assert _events(got) == ["telemetry"]
 
-    async_to_sync(scenario)()
+    _run(scenario)
 
 
 def test_the_stream_keeps_to_what_the_user_may_see(team, fleet, api, client):
@@ -104,10 +112,12 @@ def test_the_stream_keeps_to_what_the_user_may_see(team, fleet, api, client):
         assert (await _open(team["member"], "nothing=1")).status_code == 400
         assert (await AsyncClient().get(f"/events/?job={job.pk}")).status_code == 403
 
-    async_to_sync(scenario)()
+    _run(scenario)
     # A WSGI server cannot hold a stream without holding a worker: no push, the page polls.
     client.force_login(team["member"])
-    assert client.get(f"/events/?job={job.pk}").status_code == 204
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # see _run: the view is async
+        answer = pool.submit(client.get, f"/events/?job={job.pk}").result()
+    assert answer.status_code == 204
 
 
 def test_nothing_is_published_before_commit(team, fleet, api):
