@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bench import command_line, markdown_table, write_section
+from bench import command_line, markdown_table, spread, write_section
 from bench.django_env import setup, teardown
 
 GPUS = 8
@@ -204,18 +204,18 @@ def main() -> None:
         rows.append(
             [
                 name,
-                f"{med['sync'] * 1e6:,.0f}",
+                spread([v * 1e6 for v in results[name]["sync"]], 0),
                 f"{med['sync'] / base['sync']:.2f}",
-                f"{med['heartbeat'] * 1e6:,.0f}",
+                spread([v * 1e6 for v in results[name]["heartbeat"]], 0),
                 f"{med['heartbeat'] / base['heartbeat']:.2f}",
             ]
         )
     table = markdown_table(
         [
             "variant",
-            "idle sync µs",
+            "idle sync µs, median (min–max)",
             "× shipped",
-            f"heartbeat ({GPUS * SAMPLES_PER_GPU} samples) µs",
+            f"heartbeat ({GPUS * SAMPLES_PER_GPU} samples) µs, median (min–max)",
             "× shipped",
         ],
         rows,

@@ -31,7 +31,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench import REPO, command_line, markdown_table  # noqa: E402
+from bench import REPO, command_line, machine, markdown_table, spread  # noqa: E402
 
 DOCS = REPO / "docs" / "billing.md"
 MARCH = date(2025, 3, 1)
@@ -258,6 +258,7 @@ def main() -> int:
     ap.add_argument("--no-docs", action="store_true", help="print only")
     ap.add_argument("--keep", action="store_true", help="keep the bench database afterwards")
     args = ap.parse_args()
+    host = machine()  # at the start: the load average is the one the close began under
     if connection.vendor != "postgresql":
         print("The billing benchmark needs PostgreSQL (set DATABASE_URL).", file=sys.stderr)
         return 2
@@ -282,6 +283,7 @@ def main() -> int:
             f"{check['lines']:,} ({', '.join(f'{k} {v}' for k, v in sorted(check['kinds'].items()))})",
         ],  # type: ignore[union-attr]
         ["close, all accounts", f"{elapsed:.1f} s (target < 60 s)"],
+        ["per account, median (min–max)", spread([t * 1000 for t in per_account], 0) + " ms"],
         [
             "per account, median / p95",
             f"{statistics.median(per_account) * 1000:.0f} ms / {sorted(per_account)[int(len(per_account) * 0.95) - 1] * 1000:.0f} ms",
@@ -300,7 +302,7 @@ def main() -> int:
     if not args.no_docs:
         body = (
             f"`{command_line('bench.billing_close')}` on {os.cpu_count()} CPU cores, PostgreSQL "
-            f"(one process, accounts closed one after another):\n\n{table}\n"
+            f"(one process, accounts closed one after another):\n\n{table}\n\n{host}\n"
         )
         write_section(DOCS, "billing_close", body)
     return 0 if ok else 1

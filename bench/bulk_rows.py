@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import command_line, markdown_table, write_section
+from bench import command_line, markdown_table, spread, write_section
 from bench.django_env import setup, teardown
 
 
@@ -127,9 +127,25 @@ def main() -> None:
         what = (
             "insert_rows vs bulk_create" if name == "insert" else "bulk_update_rows vs bulk_update"
         )
-        rows.append([what, str(args.rows), f"{p * 1000:.1f}", f"{d * 1000:.1f}", f"{d / p:.2f}"])
+        ratios = [dt / pt for pt, dt in zip(plain_t, django_t, strict=True)]
+        rows.append(
+            [
+                what,
+                str(args.rows),
+                spread([t * 1000 for t in plain_t]),
+                spread([t * 1000 for t in django_t]),
+                f"{d / p:.2f} (runs {min(ratios):.2f}–{max(ratios):.2f})",
+            ]
+        )
     table = markdown_table(
-        ["write", "rows", "portal.db ms", "Django ms", "Django / portal.db"], rows
+        [
+            "write",
+            "rows",
+            "portal.db ms, median (min–max)",
+            "Django ms, median (min–max)",
+            "Django / portal.db",
+        ],
+        rows,
     )
     print(table)
     if not args.no_docs:

@@ -25,11 +25,11 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from bench import command_line, markdown_table, write_section
+from bench import command_line, machine, markdown_table, write_section
 from bench.runtime_start import CPU_LOOP, cpu_seconds
 
 
-def machine() -> str:
+def engine() -> str:
     cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     model = next(
         (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if "model name" in line),
@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--image", default=os.environ.get("RUNTIME_TEST_IMAGE", ""))
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
+    host = machine()
     if not args.image:
         raise SystemExit("no image: pass --image or source scripts/test-containers.sh first")
 
@@ -108,7 +109,7 @@ def main() -> None:
     body = (
         "## Workload runtime: CPU overhead of the container, side by side\n\n"
         f"`nice -n 10 {command_line('bench.container_cpu')}`\n\n"
-        f"Machine: {machine()}; load average (1, 5, 15 min) {before} before, {after} after "
+        f"Host: {engine()}; load average (1, 5, 15 min) {before} before, {after} after "
         "(the shared development machine, other engineers' test runs included). Image "
         f"`{args.image}`. {args.loop:,} iterations of a pure-Python loop, CPU time measured "
         f"inside the workload; both pinned to CPU {args.cpu}; {args.pairs} pairs, alternating "
@@ -116,7 +117,8 @@ def main() -> None:
         f"{table}\n\n"
         f"CPU overhead of the container: {overhead * 100:+.1f} % (median of the paired ratios; "
         f"95 % bootstrap interval {low * 100:+.1f} % to {high * 100:+.1f} %; paired ratios range "
-        f"{min(paired) * 100:+.0f} % to {max(paired) * 100:+.0f} %). Goal < 3 %: {verdict}.\n"
+        f"{min(paired) * 100:+.0f} % to {max(paired) * 100:+.0f} %). Goal < 3 %: {verdict}.\n\n"
+        f"{host}\n"
     )
     print(body)
     if not args.no_docs:

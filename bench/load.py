@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import statistics
@@ -24,12 +25,13 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from bench import command_line, markdown_table, write_section
 from bench.django_env import setup, teardown
-from bench.stack import Stack, cpu_seconds, cpu_table
+from bench.stack import Stack, cpu_seconds, cpu_table, database_backends, private_redis
 from bench.submit_throughput import seed
 
 Samples = dict[str, list[float]]
@@ -157,48 +159,120 @@ def merge_agents(reading: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def served(log: Path, start: int, end: int) -> dict[str, int]:
-    """Requests gunicorn answered between two offsets of its access log, by the capacity
-    model's class (other agent requests count as syncs, other pages as page views)."""
-    counts: dict[str, int] = defaultdict(int)
+IDLE_SYNC_MAX_BYTES = 80  # an idle sync's body and its `unchanged` answer are ~60 bytes each
+
+
+def request_class(method: str, path: str, answer_bytes: int, body_bytes: int) -> str:
+    """The capacity model's class of one request, from gunicorn's access log line."""
+    if path.startswith("/api/agent/"):
+        if "/heartbeat" in path:
+            return "heartbeat"
+        if path.endswith("/sync"):
+            # one with reports, or answered with the assignments in full, is busy
+            idle = answer_bytes <= IDLE_SYNC_MAX_BYTES and body_bytes <= IDLE_SYNC_MAX_BYTES
+            return "idle sync" if idle else "busy sync"
+        if path.endswith("/logs"):
+            return "log append"
+        return "other agent request"
+    if path.startswith("/metrics"):
+        return "metrics"
+    if path.startswith(("/healthz", "/readyz")):
+        return "probe"
+    if path.startswith("/events/"):
+        return "event stream"
+    if method == "POST" and path.startswith("/api/v1/jobs"):
+        return "submit"
+    return "page view"
+
+
+LINE = re.compile(r'"(GET|POST|PUT|PATCH|DELETE|HEAD) (\S+) [^"]*" (\d+) (\d+|-) (\d+|-) (\d+)')
+
+
+def served(log: Path, start: int, end: int) -> dict[str, list[float]]:
+    """The requests gunicorn answered between two offsets of its access log
+    (`bench.stack.ACCESS_LOG_FORMAT`), by the capacity model's class: each one's time in the
+    worker (ms), so the count is the length."""
+    out: dict[str, list[float]] = defaultdict(list)
     with log.open("rb") as f:
         f.seek(start)
         chunk = f.read(end - start).decode("utf-8", "replace")
     for line in chunk.splitlines():
-        found = re.search(r'"(GET|POST|PUT|PATCH|DELETE|HEAD) (\S+)', line)
+        found = LINE.search(line)
         if not found:
             continue
-        method, path = found.groups()
-        if path.startswith("/api/agent/"):
-            counts["heartbeat" if "/heartbeat" in path else "sync"] += 1
-        elif path.startswith("/metrics"):
-            counts["metrics"] += 1
-        elif method == "POST" and path.startswith("/api/v1/jobs"):
-            counts["submit"] += 1
-        else:
-            counts["page view"] += 1
-    return counts
+        method, path, _status, answer, body, ms = found.groups()
+        kind = request_class(
+            method,
+            path,
+            int(answer) if answer.isdigit() else 0,
+            int(body) if body.isdigit() else 0,
+        )
+        out[kind].append(float(ms))
+    return out
 
 
-def model_prediction(
-    counts: dict[str, int], seconds: float
-) -> tuple[float, list[list[str]]] | None:
-    """Web cores the capacity model predicts for this run: each class's rate, as gunicorn
-    served it, times its web CPU per request as `bench.endpoint_cost` last recorded it in
-    docs/benchmarks.md. None when there is no such record."""
+def read_cost() -> dict[str, dict[str, float]] | None:
+    """The costs per request `bench.endpoint_cost` last recorded in docs/benchmarks.md."""
     from bench import DOCS
 
     found = re.search(r"<!-- endpoint_cost:data (\{.*?\}) -->", DOCS.read_text(encoding="utf-8"))
     if not found:
         return None
-    cost = json.loads(found.group(1))
-    rates = {name: counts.get(name, 0) / seconds for name in cost}
-    rows, total = [], 0.0
-    for name in ("page view", "submit", "sync", "heartbeat"):
-        cores = rates[name] * cost[name]["web_ms"] / 1000
-        total += cores
-        rows.append([name, f"{rates[name]:.1f}", f"{cost[name]['web_ms']:.1f}", f"{cores:.2f}"])
-    return total, rows
+    cost: dict[str, dict[str, float]] = json.loads(found.group(1))
+    return cost
+
+
+def model_prediction(
+    cost: dict[str, dict[str, float]],
+    web: dict[str, list[float]],
+    agent: dict[str, list[float]] | None,
+    seconds: float,
+    jobs_placed: int,
+) -> tuple[dict[str, float], list[list[str]], list[str]]:
+    """Cores the capacity model predicts for this run, per component: each class's rate as
+    the pools served it (their access logs) times its CPU per request; the worker's as the
+    jobs placed times the cycle's CPU per job. Returns the prediction per component, the
+    table's rows (one per class and pool) and the classes served that the model has no
+    cost for."""
+    predicted: dict[str, float] = defaultdict(float)
+    rows: list[list[str]] = []
+    unpriced: list[str] = []
+    pools = [("web pool", web)] + ([("agent API pool", agent)] if agent is not None else [])
+    for pool, counts in pools:
+        tier = "web (gunicorn)" if pool == "web pool" else "agent API pool"
+        for name in sorted(counts, key=lambda k: -len(counts[k])):
+            rate = len(counts[name]) / seconds
+            price = cost.get(name)
+            if price is None:
+                unpriced.append(f"{name} ({pool}, {rate:.2f}/s)")
+                continue
+            predicted[tier] += rate * price["web_ms"] / 1000
+            predicted["PostgreSQL"] += rate * price["pg_ms"] / 1000
+            predicted["Redis"] += rate * price.get("redis_ms", 0.0) / 1000
+            rows.append(
+                [
+                    f"{name} ({pool})",
+                    f"{rate:.2f}",
+                    f"{price['web_ms']:.1f}",
+                    f"{price['pg_ms']:.1f}",
+                    f"{price.get('redis_ms', 0.0):.1f}",
+                ]
+            )
+    cycle = cost.get("cycle per job")
+    if cycle is not None:
+        rate = jobs_placed / seconds
+        predicted["Celery worker"] += rate * cycle["web_ms"] / 1000
+        predicted["PostgreSQL"] += rate * cycle["pg_ms"] / 1000
+        rows.append(
+            [
+                "cycle per job placed (Celery worker)",
+                f"{rate:.2f}",
+                f"{cycle['web_ms']:.1f}",
+                f"{cycle['pg_ms']:.1f}",
+                "–",
+            ]
+        )
+    return dict(predicted), rows, unpriced
 
 
 def pct(values: list[float], q: float) -> float:
@@ -215,6 +289,13 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=3)
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--agent-processes", type=int, default=4)
+    parser.add_argument(
+        "--agent-workers",
+        type=int,
+        default=2,
+        help="the agent API pool's gunicorn workers (as deployed); 0: the web pool serves agents",
+    )
+    parser.add_argument("--agent-threads", type=int, default=4)
     parser.add_argument("--poll", type=float, default=None, help="agent poll interval (s)")
     parser.add_argument("--heartbeat", type=float, default=None, help="agent heartbeat (s)")
     parser.add_argument("--ramp", type=float, default=60.0, help="agents start over this long")
@@ -223,7 +304,19 @@ def main() -> None:
         "--no-docs", action="store_true", help="only print (no docs/benchmarks.md section)"
     )
     args = parser.parse_args()
+    # Redis of its own: its CPU time is then this run's alone (the machine's server is shared)
+    redis_url, redis = private_redis()
+    os.environ["REDIS_URL"] = redis_url
+    try:
+        run(args)
+    finally:
+        redis.terminate()
+        redis.wait(timeout=30)
+
+
+def run(args: argparse.Namespace) -> None:
     db_url = setup("load")
+    dbname = db_url.rsplit("/", 1)[1]
     secret, tokens = seed(args.nodes, "")
     from portal.models import Membership, Role, User
 
@@ -238,9 +331,19 @@ def main() -> None:
         )
         users.append(email)
     teardown()
-    stack = Stack(db_url, args.port, args.web_workers, "scheduler,default,telemetry,billing")
-    access_log = Path(tempfile.mkdtemp(prefix="bench-load-")) / "access.log"
+    stack = Stack(
+        db_url,
+        args.port,
+        args.web_workers,
+        "scheduler,default,telemetry,billing",
+        agent_workers=args.agent_workers,
+        agent_threads=args.agent_threads,
+    )
+    folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    access_log = folder / "access.log"
+    agent_log = folder / "agent-access.log"
     stack.access_log = access_log
+    stack.agent_access_log = agent_log if args.agent_workers else None
     rec = Recorder()
     stop = threading.Event()
     try:
@@ -254,6 +357,7 @@ def main() -> None:
             poll_s=args.poll,
             heartbeat_s=args.heartbeat,
             ramp_s=args.ramp,
+            stats=folder,
         )
         time.sleep(args.ramp + 10)  # every node registered and heard from
         cycles: dict[float, float] = {}
@@ -275,22 +379,37 @@ def main() -> None:
             "web (gunicorn)": stack.procs[0].pid,
             "Celery worker": stack.procs[1].pid,
             "Celery beat": stack.procs[2].pid,
+            **({"agent API pool": stack.agent_pool.pid} if stack.agent_pool else {}),
             **{f"agents, process {k + 1}": p.pid for k, p in enumerate(stack.swarms)},
         }
-        cpu_before = cpu_seconds(groups)
+        from scheduler.models import JobEvent as Event
+
+        events_before = Event.objects.filter(to_state="scheduled").count()
+        redis_pids = {redis_pid()}
+        backends = database_backends(dbname)
+        cpu_before = cpu_seconds(groups, backends, redis_pids)
         log_window = [access_log.stat().st_size, 0]
+        agent_window = [agent_log.stat().st_size if args.agent_workers else 0, 0]
+        (folder / "mark").touch()  # the agents' measured window starts
+        load_at_start = os.getloadavg()
         for t in threads:
             t.start()
         time.sleep(args.seconds)
-        cpu_after = cpu_seconds(groups)
+        backends |= database_backends(dbname)
+        cpu_after = cpu_seconds(groups, backends, redis_pids)
         log_window[1] = access_log.stat().st_size
+        agent_window[1] = agent_log.stat().st_size if args.agent_workers else 0
+        load_at_end = os.getloadavg()
+        placed = Event.objects.filter(to_state="scheduled").count() - events_before
         stop.set()
         for t in threads:
             t.join(timeout=35)
     finally:
         stack.stop()
     # Invariants and the last cycle's duration, read after the run.
-    from scheduler.models import Job, JobEvent
+    from django.conf import settings
+
+    from scheduler.models import Job, JobEvent, NodeEvent
     from tests.hardening.invariants import assert_invariants
 
     durations = sorted(cycles.values()) or [float("nan")]
@@ -300,15 +419,119 @@ def main() -> None:
     except AssertionError as exc:
         ok = f"BROKEN: {exc}"
     submitted = Job.objects.count()
-    from scheduler.models import NodeEvent
-
     lost = NodeEvent.objects.filter(kind="node_lost").values("node").distinct().count()
-    cpu_rows = cpu_table(
-        merge_agents(cpu_before), merge_agents(cpu_after), seconds=float(args.seconds)
-    )
+    seconds = float(args.seconds)
+    cpu_rows = cpu_table(merge_agents(cpu_before), merge_agents(cpu_after), seconds=seconds)
     cpu_table_md = markdown_table(["part", "CPU s", "cores used (CPU s / wall s)"], cpu_rows)
     running = JobEvent.objects.filter(to_state="running").values("job").distinct().count()
+    web_served = served(access_log, *log_window)
+    agent_served = served(agent_log, *agent_window) if args.agent_workers else None
+    swarm = swarm_stats(folder)
+    table = latency_table(rec, web_served, agent_served, swarm)
+    gaps = heartbeat_gaps(swarm, float(settings.NODE_LOST_AFTER_SECONDS))
+    summary = (
+        f"Scale run: {args.users} users, {args.nodes} nodes × 8 GPUs, {args.submit_rate:g} "
+        f"submits/s for {args.seconds} s ({submitted} jobs submitted, {running} of them reached "
+        f"running; **{lost} nodes were declared lost** at some point); scheduling cycle over "
+        f"{len(cycles)} cycles seen: median {statistics.median(durations):.2f} s, p95 "
+        f"{durations[int(0.95 * (len(durations) - 1))]:.2f} s, max {durations[-1]:.2f} s; "
+        f"invariants at the end: **{ok}**. Load average (1 / 5 / 15 min) when the measured "
+        f"window began {fmt_load(load_at_start)}, when it ended {fmt_load(load_at_end)}."
+    )
+    cost = read_cost()
+    model_md = ""
+    if cost is not None:
+        predicted, model_rows, unpriced = model_prediction(
+            cost, web_served, agent_served, seconds, placed
+        )
+        model_md = "\n\n" + model_comparison(
+            predicted, model_rows, unpriced, cpu_before, cpu_after, seconds
+        )
+    print(table)
+    print(cpu_table_md)
+    print(summary)
+    print(gaps)
+    print(model_md)
+    if args.no_docs:
+        return
+    pools = (
+        f"gunicorn for pages and the public API ({args.web_workers} workers × 4 threads) and, as "
+        f"deployed, the agent API pool of its own (`config.wsgi_agent`, {args.agent_workers} "
+        f"workers × {args.agent_threads} threads), which the agents talk to"
+        if args.agent_workers
+        else f"one gunicorn ({args.web_workers} workers × 4 threads) serving users and agents"
+    )
+    write_section(
+        args.section,
+        f"## Load: users, nodes and submissions together ({args.users} users, {args.nodes} nodes, "
+        f"{args.submit_rate:g} submits/s)\n\n"
+        f"`{command_line('bench.load')}` — {pools}; one Celery worker, beat, PostgreSQL and "
+        "Redis, all on this machine; the real agent code runs the simulated nodes in "
+        f"{args.agent_processes} processes (poll {args.poll or 'default'} s, heartbeat "
+        f"{args.heartbeat or 'default'} s, started over {args.ramp:g} s), and the users and "
+        "the submitter are threads of the benchmark's own process. Errors are 5xx answers and "
+        "requests unanswered after 30 s (users) or 10 s (agents). Latency *seen* is the "
+        "client's (users, submitter, agents: queueing in front of the server included); "
+        "*in the worker* is gunicorn's own time for the request (its access log).\n\n"
+        + table
+        + "\n\nWhere the cores went during the measured window:\n\n"
+        + cpu_table_md
+        + "\n\n"
+        + summary
+        + "\n\n"
+        + gaps
+        + model_md,
+    )
+
+
+def redis_pid() -> int:
+    """The pid of the Redis server REDIS_URL names (this run's own)."""
+    import redis as redis_client
+
+    info = redis_client.Redis.from_url(os.environ["REDIS_URL"]).info("server")
+    return int(info["process_id"])
+
+
+def fmt_load(values: tuple[float, float, float]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values)
+
+
+def swarm_stats(folder: Path) -> dict[str, Any]:
+    """The agent processes' timings (`bench.agent_swarm --stats`), merged."""
+    merged: dict[str, Any] = {"latency": defaultdict(list), "failed": defaultdict(int), "nodes": {}}
+    for path in sorted(folder.glob("swarm-*.json")):
+        part = json.loads(path.read_text(encoding="utf-8"))
+        for kind, values in part["latency"].items():
+            merged["latency"][kind] += values
+        for kind, n in part["failed"].items():
+            merged["failed"][kind] += n
+        merged["nodes"].update(part["nodes"])
+        merged["interval_s"] = part["interval_s"]
+    return merged
+
+
+def latency_table(
+    rec: Recorder,
+    web: dict[str, list[float]],
+    agent: dict[str, list[float]] | None,
+    swarm: dict[str, Any],
+) -> str:
+    """p50/p95/p99 per endpoint (users, submitter) and per agent request class, as seen by the
+    client, beside the time the serving worker took (ms, gunicorn's access log)."""
     rows = []
+    users_class = {
+        "GET / (dashboard)": "page view",
+        "GET /api/v1/jobs": "page view",
+        "GET /jobs/ (htmx list)": "page view",
+        "GET job chart series": "page view",
+        "POST /api/v1/jobs": "submit",
+    }
+
+    def worker(values: list[float]) -> str:
+        if not values:
+            return "–"
+        return f"{statistics.median(values):.0f} / {pct([v / 1000 for v in values], 0.95):.0f}"
+
     for name in sorted(rec.latency):
         values = rec.latency[name]
         total = len(values) + rec.unanswered[name]
@@ -321,54 +544,115 @@ def main() -> None:
                 f"{statistics.median(values) * 1000:.0f}",
                 f"{pct(values, 0.95):.0f}",
                 f"{pct(values, 0.99):.0f}",
+                f"{worker(web.get(users_class.get(name, ''), []))} (class: "
+                f"{users_class.get(name, '?')})",
             ]
         )
-    table = markdown_table(
-        ["endpoint", "requests", "errors", "429", "p50 ms", "p95 ms", "p99 ms"], rows
-    )
-    summary = (
-        f"Scale run: {args.users} users, {args.nodes} nodes × 8 GPUs, {args.submit_rate:g} submits/s "
-        f"for {args.seconds} s ({submitted} jobs submitted, {running} of them reached "
-        f"running; {lost} nodes were declared lost at some point); scheduling cycle over {len(cycles)} cycles seen: median "
-        f"{statistics.median(durations):.2f} s, p95 {durations[int(0.95 * (len(durations) - 1))]:.2f} s, "
-        f"max {durations[-1]:.2f} s; invariants at the end: **{ok}**."
-    )
-    predicted = model_prediction(served(access_log, *log_window), float(args.seconds))
-    model_md = ""
-    if predicted is not None:
-        web_used = cpu_after["web (gunicorn)"] - cpu_before["web (gunicorn)"]
-        measured = web_used / args.seconds
-        total, model_rows = predicted
-        model_rows.append(["**predicted web cores**", "", "", f"**{total:.2f}**"])
-        model_rows.append(["**measured web cores**", "", "", f"**{measured:.2f}**"])
-        model_md = (
-            "\n\nThe capacity model (docs/capacity.md) against this run, web tier: "
-            f"measured / predicted = **{measured / total:.2f}** "
-            f"({'within' if abs(measured / total - 1) <= 0.25 else 'outside'} 25%).\n\n"
-            + markdown_table(
-                ["class", "requests/s", "web CPU ms/request (bench.endpoint_cost)", "cores"],
-                model_rows,
-            )
+    served_agents = agent if agent is not None else web
+    for kind in ("heartbeat", "idle sync", "busy sync", "log append", "other agent request"):
+        values = swarm["latency"].get(kind, [])
+        failed = swarm["failed"].get(kind, 0) + (
+            swarm["failed"].get("sync (no answer)", 0) if kind == "busy sync" else 0
         )
-    print(table)
-    print(cpu_table_md)
-    print(summary)
-    print(model_md)
-    if args.no_docs:
-        return
-    write_section(
-        args.section,
-        f"## Load: users, nodes and submissions together ({args.users} users, {args.nodes} nodes, "
-        f"{args.submit_rate:g} submits/s)\n\n"
-        f"`{command_line('bench.load')}` — gunicorn ({args.web_workers} workers × 4 threads), one "
-        "Celery worker, beat, PostgreSQL and Redis on this 2-core machine; the real agent code "
-        f"runs the simulated nodes in {args.agent_processes} processes (poll "
-        f"{args.poll or 'default'} s, heartbeat {args.heartbeat or 'default'} s, started over "
-        f"{args.ramp:g} s), and the users and the submitter are threads of the benchmark's own "
-        "process, all on the same two cores. Errors are 5xx answers and requests unanswered "
-        "after 30 s.\n\n" + table + "\n\nWhere the two cores went during the measured "
-        "window:\n\n" + cpu_table_md + "\n\n" + summary + model_md,
+        if not values and not failed:
+            continue
+        total = len(values) + failed
+        rows.append(
+            [
+                f"agent: {kind}",
+                str(total),
+                f"{100 * failed / max(1, total):.2f}%",
+                "–",
+                f"{statistics.median(values) * 1000:.0f}" if values else "–",
+                f"{pct(values, 0.95):.0f}" if values else "–",
+                f"{pct(values, 0.99):.0f}" if values else "–",
+                worker(served_agents.get(kind, [])),
+            ]
+        )
+    return markdown_table(
+        [
+            "endpoint",
+            "requests",
+            "errors",
+            "429",
+            "p50 ms seen",
+            "p95 ms seen",
+            "p99 ms seen",
+            "p50 / p95 ms in the worker",
+        ],
+        rows,
+    ) + (
+        "\n\n(A sync whose answer never came is counted as a busy sync's error: what it "
+        "carried is not known.)"
+        if swarm["failed"].get("sync (no answer)")
+        else ""
     )
+
+
+def heartbeat_gaps(swarm: dict[str, Any], lost_after: float) -> str:
+    """Each node's longest silence as the portal saw it (between two answered heartbeats),
+    and what filled it: waiting on the portal, or the agent's own loop."""
+    nodes = swarm.get("nodes") or {}
+    if not nodes:
+        return "Heartbeat gaps: no agent timings were recorded."
+    interval = float(swarm.get("interval_s") or 0)
+    gaps = sorted(v["max_gap_s"] for v in nodes.values())
+    worst_name = max(nodes, key=lambda n: nodes[n]["max_gap_s"])
+    worst = nodes[worst_name]
+    near = sum(1 for g in gaps if g >= lost_after / 2)
+    return (
+        f"Heartbeats (agents' side, {len(nodes)} nodes, interval {interval:g} s, a node is "
+        f"declared lost after {lost_after:g} s of silence): each node's longest gap between "
+        f"two answered heartbeats, median {statistics.median(gaps):.1f} s, max "
+        f"{gaps[-1]:.1f} s ({worst_name}: {worst['waiting_on_portal_s']:.1f} s of it waiting "
+        f"on the portal's answers, {max(0.0, worst['max_gap_s'] - worst['waiting_on_portal_s']):.1f} s "
+        f"in the agent's own loop); {near} nodes had a gap of half the loss limit or more."
+    )
+
+
+def model_comparison(
+    predicted: dict[str, float],
+    rows: list[list[str]],
+    unpriced: list[str],
+    before: dict[str, float],
+    after: dict[str, float],
+    seconds: float,
+) -> str:
+    """The capacity model's cores per component beside the measured ones."""
+    measured = {name: (after[name] - before.get(name, 0.0)) / seconds for name in after}
+    lines = []
+    for part in ("web (gunicorn)", "agent API pool", "Celery worker", "PostgreSQL", "Redis"):
+        if part not in measured:
+            continue
+        want = predicted.get(part, 0.0)
+        got = measured[part]
+        ratio = got / want if want > 0 else float("nan")
+        verdict = "within 25%" if abs(ratio - 1) <= 0.25 else "outside 25%"
+        lines.append([part, f"{want:.3f}", f"{got:.3f}", f"{ratio:.2f}", verdict])
+    body = (
+        "The capacity model (docs/capacity.md) against this run, per component: predicted "
+        "cores = Σ requests/s (as the pools' access logs counted them) × CPU per request "
+        "(`bench.endpoint_cost`), and jobs placed/s × the cycle's CPU per job for the "
+        "worker; measured = the component's CPU seconds over the window (from /proc).\n\n"
+        + markdown_table(
+            ["component", "predicted cores", "measured cores", "measured / predicted", ""],
+            lines,
+        )
+        + "\n\n"
+        + markdown_table(
+            [
+                "class (where served)",
+                "requests/s",
+                "CPU ms/request",
+                "PostgreSQL ms",
+                "Redis ms",
+            ],
+            rows,
+        )
+    )
+    if unpriced:
+        body += "\n\nServed but without a cost in the model: " + ", ".join(unpriced) + "."
+    return body
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -26,7 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench import REPO, command_line, markdown_table, write_section
+from bench import REPO, command_line, machine, markdown_table, write_section
 
 
 def _cpu_s(pid: int) -> float:
@@ -160,6 +159,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    host = machine()
 
     from bench import django_env
 
@@ -238,11 +238,11 @@ def main() -> None:
     )
     body = (
         f"`{command_line('bench.push_pages')}`\n\n"
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}. "
         f"{args.pages} open job pages of a running job (heartbeat every 10 s, a log line every 5 s), "
         f"{args.seconds:.0f} s per run, {args.rounds} runs of each, alternating; the baseline is the "
         f"same server with `PUSH_ENABLED=false` (pages poll as before).\n\n{table}\n\n"
-        f"Polled / pushed: {ratio_r:.1f}× the requests, {ratio_c:.1f}× the server CPU.\n"
+        f"Polled / pushed: {ratio_r:.1f}× the requests, {ratio_c:.1f}× the server CPU.\n\n"
+        f"{host}\n"
     )
     print(body)
     if args.write_docs:

@@ -20,12 +20,56 @@ import requests
 from bench import REPO
 
 MACHINE = "whole machine"
+# What the load benchmark reads from gunicorn's access logs: the request line, the status, the
+# answer's size, the request body's size and the time the worker took (ms), so that agent
+# syncs can be told apart (idle or carrying reports) and each class gets server-side latency.
+ACCESS_LOG_FORMAT = '%(h)s %(t)s "%(r)s" %(s)s %(B)s %({content-length}i)s %(M)s'
 
 
-def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
+def private_redis() -> tuple[str, subprocess.Popen[bytes]]:
+    """A Redis server of the benchmark's own (no persistence, a free port), so that Redis's CPU
+    time is the benchmark's alone on a machine whose shared server others use. Returns its URL
+    and process (terminate it when done)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            *("redis-server", "--port", str(port), "--bind", "127.0.0.1"),
+            *("--save", "", "--appendonly", "no", "--loglevel", "warning"),
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return f"redis://127.0.0.1:{port}/0", proc
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("redis-server did not come up")
+
+
+def database_backends(dbname: str) -> set[int]:
+    """PostgreSQL backends now connected to `dbname` (the server may serve others' work too)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [dbname])
+        return {row[0] for row in cur.fetchall()}
+
+
+def cpu_seconds(
+    groups: dict[str, int], pg_backends: set[int] | None = None, redis_pids: set[int] | None = None
+) -> dict[str, float]:
     """CPU seconds so far of each named process group, PostgreSQL's and Redis's processes,
     this process (from /proc), and the whole machine (`MACHINE`, from /proc/stat): what the
-    named parts do not account for (job processes, the kernel, anything else) is the gap."""
+    named parts do not account for (job processes, the kernel, anything else) is the gap.
+    With `pg_backends` (`database_backends`), PostgreSQL is only those backends (on a server
+    others use too), the rest of its processes counted apart; with `redis_pids`, Redis is only
+    those servers (`private_redis`)."""
     tick = os.sysconf("SC_CLK_TCK")
     by_group = {pgid: name for name, pgid in groups.items()}
     out: dict[str, float] = defaultdict(float)
@@ -46,9 +90,15 @@ def cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
         elif pgid in by_group:
             out[by_group[pgid]] += used
         elif comm.startswith("postgres"):
-            out["PostgreSQL"] += used
+            if pg_backends is None or int(entry.name) in pg_backends:
+                out["PostgreSQL"] += used
+            else:
+                out["PostgreSQL, other databases and its own processes"] += used
         elif comm.startswith("redis"):
-            out["Redis"] += used
+            if redis_pids is None or int(entry.name) in redis_pids:
+                out["Redis"] += used
+            else:
+                out["Redis, the shared server"] += used
     # user, nice, system, (idle, iowait skipped), irq, softirq, steal
     busy = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     out[MACHINE] = sum(int(busy[i]) for i in (0, 1, 2, 5, 6, 7)) / tick
@@ -70,11 +120,11 @@ def cpu_table(before: dict[str, float], after: dict[str, float], seconds: float)
     return rows
 
 
-def wait_port(url: str, timeout: float = 30) -> None:
+def wait_port(url: str, timeout: float = 30, probe: str = "/login/") -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            requests.get(url + "/login/", timeout=1)
+            requests.get(url + probe, timeout=1)
             return
         except requests.RequestException:
             time.sleep(0.2)
@@ -82,10 +132,26 @@ def wait_port(url: str, timeout: float = 30) -> None:
 
 
 class Stack:
-    """Start with `start()`, add agents with `agents()`, always `stop()`."""
+    """Start with `start()`, add agents with `agents()`, always `stop()`.
 
-    def __init__(self, db_url: str, port: int, web_workers: int, queues: str) -> None:
+    With `agent_workers`, the agent API runs as deployed: its own gunicorn pool
+    (`config.wsgi_agent` with `deploy/gunicorn_agent.py`, on `port + 1`) that the agents talk
+    to (`agent_url`), so user traffic on the web pool cannot queue in front of heartbeats.
+    Without, the web pool serves the agents too (`agent_url` is `url`)."""
+
+    def __init__(
+        self,
+        db_url: str,
+        port: int,
+        web_workers: int,
+        queues: str,
+        *,
+        agent_workers: int = 0,
+        agent_threads: int = 4,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
+        self.agent_workers, self.agent_pool_threads = agent_workers, agent_threads
+        self.agent_url = f"http://127.0.0.1:{port + 1}" if agent_workers else self.url
         self.env = {
             **os.environ,
             "DATABASE_URL": db_url,
@@ -100,6 +166,8 @@ class Stack:
         }
         self.port, self.web_workers, self.queues = port, web_workers, queues
         self.access_log: Path | None = None  # set before start() to count requests served
+        self.agent_access_log: Path | None = None  # the agent pool's, likewise
+        self.agent_pool: subprocess.Popen[bytes] | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.swarms: list[subprocess.Popen[bytes]] = []
         self.stop_agents = threading.Event()
@@ -124,7 +192,11 @@ class Stack:
             "4",
             "--log-level",
             "warning",
-            *(("--access-logfile", str(self.access_log)) if self.access_log else ()),
+            *(
+                ("--access-logfile", str(self.access_log), "--access-logformat", ACCESS_LOG_FORMAT)
+                if self.access_log
+                else ()
+            ),
         )
         self._spawn(
             "celery",
@@ -144,7 +216,28 @@ class Stack:
         self._spawn(
             "celery", "-A", "config", "beat", "--loglevel", "WARNING", "--schedule", str(beat_file)
         )
+        if self.agent_workers:
+            log = self.agent_access_log
+            self._spawn(
+                *(
+                    "gunicorn",
+                    "-c",
+                    str(REPO / "deploy" / "gunicorn_agent.py"),
+                    "config.wsgi_agent",
+                ),
+                *("-b", self.agent_url.removeprefix("http://")),
+                *("-w", str(self.agent_workers), "--threads", str(self.agent_pool_threads)),
+                *("--log-level", "warning", "--error-logfile", "-"),
+                *(
+                    ("--access-logfile", str(log), "--access-logformat", ACCESS_LOG_FORMAT)
+                    if log
+                    else ("--access-logfile", "/dev/null")
+                ),
+            )
+            self.agent_pool = self.procs[-1]
         wait_port(self.url, timeout=180)  # three workers importing Django on a busy machine
+        if self.agent_workers:
+            wait_port(self.agent_url, timeout=180, probe="/healthz")
 
     def agents(
         self, tokens: dict[str, str], gpus: str = "8xH100-80GB-SXM", poll_s: float = 1.0
@@ -155,7 +248,7 @@ class Stack:
         workroot = Path(tempfile.mkdtemp(prefix="bench-agents-"))
         for name, token in tokens.items():
             config = Config(
-                portal_url=self.url,
+                portal_url=self.agent_url,
                 token=token,
                 workdir=workroot / name,
                 simulate=True,
@@ -176,21 +269,33 @@ class Stack:
         poll_s: float | None = None,
         heartbeat_s: float | None = None,
         ramp_s: float = 0.0,
+        stats: Path | None = None,
     ) -> None:
         """The agents in `processes` separate processes (`bench.agent_swarm`), not in this one,
-        started evenly over `ramp_s` seconds (a fleet does not boot in the same second)."""
+        started evenly over `ramp_s` seconds (a fleet does not boot in the same second). With
+        `stats` (a folder), each process times its agents' exchanges and writes
+        `stats/swarm-K.json` when stopped, counting from when `stats/mark` appears."""
         folder = Path(tempfile.mkdtemp(prefix="bench-swarm-tokens-"))
         names = sorted(tokens)
         for k in range(processes):
             part = {name: tokens[name] for name in names[k::processes]}
             path = folder / f"tokens-{k}.json"
             path.write_text(json.dumps(part), encoding="utf-8")
-            args = [sys.executable, "-m", "bench.agent_swarm", str(path), "--portal", self.url]
+            args = [
+                sys.executable,
+                "-m",
+                "bench.agent_swarm",
+                str(path),
+                "--portal",
+                self.agent_url,
+            ]
             if poll_s is not None:
                 args += ["--poll", str(poll_s)]
             if heartbeat_s is not None:
                 args += ["--heartbeat", str(heartbeat_s)]
             args += ["--ramp", str(ramp_s)]
+            if stats is not None:
+                args += ["--stats", str(stats / f"swarm-{k}.json"), "--mark", str(stats / "mark")]
             self.swarms.append(
                 subprocess.Popen(args, cwd=REPO, env=self.env, start_new_session=True)
             )

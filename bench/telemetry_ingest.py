@@ -401,8 +401,15 @@ def main() -> None:
     runs = [one_run(args, layout, node_ids, job_ids) for _ in range(args.runs)]
     ceiling = redis_ceiling()
 
+    from bench import machine, spread
+
+    host = machine()
+
     def med(name: str) -> float:
         return statistics.median(r[name] for r in runs)
+
+    def spr(name: str, digits: int = 0) -> str:
+        return spread([r[name] for r in runs], digits)
 
     cpus = os.cpu_count()
     command = (
@@ -416,16 +423,17 @@ def main() -> None:
         f"by running jobs); {args.producers} producer processes for {args.seconds:g} s, each "
         f"heartbeat carrying {args.batch} samples per GPU (1 Hz sampling, "
         f"{args.batch} s heartbeat); {args.churn:g} jobs ended and replaced per second; "
-        f"medians of {args.runs} run(s); machine: {cpus} CPUs, PostgreSQL and Redis local.",
+        f"medians of {args.runs} run(s), with their min–max; {cpus} CPUs, PostgreSQL and Redis "
+        "local.",
         "",
         "| measure | value |",
         "|---|---|",
         f"| ingest, sustained (GPU samples/s) | **{med('rate'):,.0f}** (target ≥ 20,000; runs: {per_run}) |",
-        f"| heartbeats/s (one Redis script each) | {med('heartbeats'):,.0f} |",
-        f"| attribution reads from PostgreSQL (first sight of a node, or its allocations changed) | {med('reads'):,.0f} per run |",
-        f"| jobs ended and started meanwhile (per s) | {med('churn'):.1f} |",
-        f"| samples ingested (per run) | {med('samples'):,.0f} |",
-        f"| minute-rollup flush of those samples | {med('flush_s'):.2f} s ({med('flush_rate'):,.0f} samples/s) |",
+        f"| heartbeats/s (one Redis script each) | {spr('heartbeats')} |",
+        f"| attribution reads from PostgreSQL (first sight of a node, or its allocations changed) | {spr('reads')} per run |",
+        f"| jobs ended and started meanwhile (per s) | {spr('churn', 1)} |",
+        f"| samples ingested (per run) | {spr('samples')} |",
+        f"| minute-rollup flush of those samples | {spr('flush_s', 2)} s ({spr('flush_rate')} samples/s) |",
     ]
     for kind, label in (
         ("node", "node chart (8 GPUs, 15 min, live window)"),
@@ -437,12 +445,12 @@ def main() -> None:
         n = sum(len(r["timings"].get(kind, [])) for r in runs)
         if p50s:
             lines.append(
-                f"| {label}: p50 / p95 under load (ms, n={n}) | "
-                f"{statistics.median(p50s):.1f} / {statistics.median(p95s):.1f} |"
+                f"| {label}: p50 / p95 under load (ms, n={n}; medians of the runs' p50 and p95, "
+                f"p95 min–max) | {statistics.median(p50s):.1f} / {spread(p95s)} |"
             )
     for name, ops in ceiling.items():
         lines.append(f"| redis-benchmark {name} (ops/s, ceiling) | {ops:,.0f} |")
-    section = "\n".join(lines)
+    section = "\n".join(lines) + "\n\n" + host
     print(section)
     print(f"\ncommand: {command}")
     if args.write_docs:
