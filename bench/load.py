@@ -121,6 +121,8 @@ def submit(
     rec: Recorder, url: str, api: requests.Session, rate: float, stop: threading.Event
 ) -> None:
     """Open loop: one submission every 1/rate seconds whatever the latency (a pool sends them)."""
+    if rate <= 0:
+        return
     i = 0
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=64) as pool:
@@ -159,6 +161,7 @@ def merge_agents(reading: dict[str, float]) -> dict[str, float]:
     return out
 
 
+COMPONENTS = ("web (gunicorn)", "agent API pool", "Celery worker", "PostgreSQL", "Redis")
 IDLE_SYNC_MAX_BYTES = 80  # an idle sync's body and its `unchanged` answer are ~60 bytes each
 
 
@@ -222,12 +225,33 @@ def read_cost() -> dict[str, dict[str, float]] | None:
     return cost
 
 
+def read_rest() -> dict[str, Any] | None:
+    """What the fleet at rest costs besides its requests (`--users 0 --submit-rate 0
+    --section load_rest`): the worker's periodic tasks, and the PostgreSQL and Redis work
+    they do, per node."""
+    from bench import DOCS
+
+    text = DOCS.read_text(encoding="utf-8")
+    section = re.search(
+        r"<!-- bench:load_rest:start -->(.*?)<!-- bench:load_rest:end -->", text, re.S
+    )
+    if not section:
+        return None
+    found = re.search(r"<!-- load:data (\{.*?\}) -->", section.group(1))
+    if not found:
+        return None
+    data: dict[str, Any] = json.loads(found.group(1))
+    return data
+
+
 def model_prediction(
     cost: dict[str, dict[str, float]],
     web: dict[str, list[float]],
     agent: dict[str, list[float]] | None,
     seconds: float,
     jobs_placed: int,
+    nodes: int,
+    rest: dict[str, Any] | None,
 ) -> tuple[dict[str, float], list[list[str]], list[str]]:
     """Cores the capacity model predicts for this run, per component: each class's rate as
     the pools served it (their access logs) times its CPU per request; the worker's as the
@@ -270,6 +294,20 @@ def model_prediction(
                 f"{cycle['web_ms']:.1f}",
                 f"{cycle['pg_ms']:.1f}",
                 "–",
+            ]
+        )
+    if rest is not None:  # the fleet at rest: periodic tasks, per node
+        per_node = {k: v / rest["nodes"] for k, v in rest["background"].items()}
+        for part in ("Celery worker", "PostgreSQL", "Redis"):
+            predicted[part] += per_node.get(part, 0.0) * nodes
+        rows.append(
+            [
+                f"fleet at rest, per node × {nodes} (worker's periodic tasks; from the "
+                f"`load_rest` section, {rest['nodes']} nodes)",
+                "–",
+                f"{per_node.get('Celery worker', 0.0) * 1000:.2f} ms/s",
+                f"{per_node.get('PostgreSQL', 0.0) * 1000:.2f} ms/s",
+                f"{per_node.get('Redis', 0.0) * 1000:.2f} ms/s",
             ]
         )
     return dict(predicted), rows, unpriced
@@ -387,6 +425,8 @@ def run(args: argparse.Namespace) -> None:
         events_before = Event.objects.filter(to_state="scheduled").count()
         redis_pids = {redis_pid()}
         backends = database_backends(dbname)
+        pg = BackendsCpu(dbname)
+        pg.start()
         cpu_before = cpu_seconds(groups, backends, redis_pids)
         log_window = [access_log.stat().st_size, 0]
         agent_window = [agent_log.stat().st_size if args.agent_workers else 0, 0]
@@ -397,6 +437,10 @@ def run(args: argparse.Namespace) -> None:
         time.sleep(args.seconds)
         backends |= database_backends(dbname)
         cpu_after = cpu_seconds(groups, backends, redis_pids)
+        # this database's backends, sampled through the window (see BackendsCpu)
+        pg_used = pg.finish()
+        cpu_before["PostgreSQL"] = 0.0
+        cpu_after["PostgreSQL"] = pg_used
         log_window[1] = access_log.stat().st_size
         agent_window[1] = agent_log.stat().st_size if args.agent_workers else 0
         load_at_end = os.getloadavg()
@@ -440,13 +484,30 @@ def run(args: argparse.Namespace) -> None:
     )
     cost = read_cost()
     model_md = ""
+    data: dict[str, Any] = {"nodes": args.nodes, "seconds": seconds}
     if cost is not None:
+        at_rest = args.users == 0 and args.submit_rate == 0
         predicted, model_rows, unpriced = model_prediction(
-            cost, web_served, agent_served, seconds, placed
+            cost,
+            web_served,
+            agent_served,
+            seconds,
+            placed,
+            args.nodes,
+            None if at_rest else read_rest(),
         )
         model_md = "\n\n" + model_comparison(
             predicted, model_rows, unpriced, cpu_before, cpu_after, seconds
         )
+        measured = {k: (cpu_after[k] - cpu_before.get(k, 0.0)) / seconds for k in cpu_after}
+        data["measured"] = {k: measured.get(k, 0.0) for k in COMPONENTS}
+        data["predicted"] = {k: predicted.get(k, 0.0) for k in COMPONENTS}
+        # what requests do not explain: the worker's periodic tasks and their statements
+        data["background"] = {
+            k: max(0.0, data["measured"][k] - data["predicted"][k])
+            for k in ("Celery worker", "PostgreSQL", "Redis")
+        }
+        model_md += "\n\n<!-- load:data " + json.dumps(data, sort_keys=True) + " -->"
     print(table)
     print(cpu_table_md)
     print(summary)
@@ -465,8 +526,9 @@ def run(args: argparse.Namespace) -> None:
         args.section,
         f"## Load: users, nodes and submissions together ({args.users} users, {args.nodes} nodes, "
         f"{args.submit_rate:g} submits/s)\n\n"
-        f"`{command_line('bench.load')}` — {pools}; one Celery worker, beat, PostgreSQL and "
-        "Redis, all on this machine; the real agent code runs the simulated nodes in "
+        f"`{command_line('bench.load')}` — {pools}; one Celery worker, beat, PostgreSQL (this run's database; its "
+        "backends' CPU sampled every 0.5 s) and a Redis server of the run's own, all on this "
+        "machine; the real agent code runs the simulated nodes in "
         f"{args.agent_processes} processes (poll {args.poll or 'default'} s, heartbeat "
         f"{args.heartbeat or 'default'} s, started over {args.ramp:g} s), and the users and "
         "the submitter are threads of the benchmark's own process. Errors are 5xx answers and "
@@ -482,6 +544,46 @@ def run(args: argparse.Namespace) -> None:
         + gaps
         + model_md,
     )
+
+
+class BackendsCpu:
+    """CPU seconds the PostgreSQL backends of one database used over a window, sampled every
+    half second: Django's persistent connections end after DB_CONN_MAX_AGE and their
+    successors start, and a backend's CPU time leaves /proc with it, so two readings at the
+    window's ends would miss most of it. Each backend counts from its first sample (from 0 if
+    it started in the window) to its last; what one uses after its last sample is missed."""
+
+    def __init__(self, dbname: str) -> None:
+        self.dbname = dbname
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self, initial: bool) -> None:
+        from bench.endpoint_cost import proc_cpu
+
+        for pid in database_backends(self.dbname):
+            try:
+                used = proc_cpu(pid)
+            except OSError:
+                continue
+            self.first.setdefault(pid, used if initial else 0.0)
+            self.last[pid] = used
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.5):
+            self._sample(False)
+
+    def start(self) -> None:
+        self._sample(True)
+        self.thread.start()
+
+    def finish(self) -> float:
+        self._sample(False)
+        self.stop.set()
+        self.thread.join(timeout=5)
+        return sum(self.last[pid] - self.first[pid] for pid in self.last)
 
 
 def redis_pid() -> int:
@@ -621,7 +723,7 @@ def model_comparison(
     """The capacity model's cores per component beside the measured ones."""
     measured = {name: (after[name] - before.get(name, 0.0)) / seconds for name in after}
     lines = []
-    for part in ("web (gunicorn)", "agent API pool", "Celery worker", "PostgreSQL", "Redis"):
+    for part in COMPONENTS:
         if part not in measured:
             continue
         want = predicted.get(part, 0.0)
