@@ -183,7 +183,11 @@ def main() -> None:
             name: {"sync": [], "heartbeat": []} for name, _ in variants
         }
         # the throttle counts as in production, with room for far more than an agent's share
-        rates = {**AgentThrottle.THROTTLE_RATES, "agent": "100000000/min"}
+        rates = {
+            **AgentThrottle.THROTTLE_RATES,
+            "agent": "100000000/min",
+            "agent_heartbeat": "100000000/min",  # its own scope since the heartbeat throttle
+        }
         with patched(AgentThrottle, "THROTTLE_RATES", rates):
             for _, variant in variants:  # a round to warm every path up, not recorded
                 with variant():
