@@ -1,8 +1,9 @@
 """The container runtime: each attempt in an OCI container through Podman.
 
-One attempt is one container (`gpucloud-job-<job>-<attempt>`, `-<node rank>` for a gang member), and so one cgroup and one pid
-namespace: `podman kill` reaches every process in it, and when the job's main process ends the
-kernel ends everything else in the namespace (a `setsid` child cannot escape). What it gets:
+One attempt is one container (`gpucloud-job-<job>-<attempt>`, and `-<node rank>` for a gang's
+member), and so one cgroup and one pid namespace: `podman kill` reaches every process in it,
+and when the job's main process ends the kernel ends everything else in the namespace (a
+`setsid` child cannot escape). What it gets:
 
 - the job's image, never pulled at start (`--pull=never`: warm nodes keep the curated images);
   a missing image fails the attempt at once, naming it; the digest it ran is reported;
@@ -239,7 +240,7 @@ class ContainerRuntime(Runtime):
         name = f"{NAME_PREFIX}{job_id}-{attempt}"
         return f"{name}-{member}" if member else name
 
-    # -- the network -----------------------------------------------------------------------------
+    # -- the network ---------------------------------------------------------------------------
 
     def network_flag(self, env: dict[str, str]) -> str:
         """`--network=none` unless the job is a gang's member, which gets the node's network

@@ -18,6 +18,10 @@ InfiniBand wants anyway), and this nftables table fences every socket of a job u
   another uid, so their answers never reach the job: the connection times out;
 - a job's socket answers other hosts only within the gang networks.
 
+What no packet filter sees: abstract Unix sockets (`@name`) belong to the network namespace, so a
+gang member could reach a host daemon listening on one; the agent warns naming them when it
+installs the fence (`abstract_listeners`), and a node should run none.
+
 The table is the node's, one per uid range (`gpucloud_jobnet_<base>`), installed at once and
 whole (`nft -f`), and left in place when the agent stops (it only narrows what job uids may
 do). Every agent on the host installs it when it is missing or differs, and checks it before
@@ -32,6 +36,7 @@ import logging
 import shlex
 import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 
 from agent.runtime.base import JOB_UID_RANGE
 
@@ -121,6 +126,22 @@ def ruleset(uid_base: int, networks: Iterable[str] = ()) -> tuple[str, str]:
     return text, digest
 
 
+def abstract_listeners(proc_net_unix: Path = Path("/proc/net/unix")) -> list[str]:
+    """Abstract Unix sockets listening in this network namespace (`@name`): the node's network
+    namespace shares them with gang members, and no packet filter sees them."""
+    try:
+        lines = proc_net_unix.read_text().splitlines()[1:]
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        # Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: listening
+        if len(fields) >= 8 and fields[7].startswith("@") and int(fields[3], 16) & 0x10000:
+            found.append(fields[7])
+    return sorted(set(found))
+
+
 class JobNetwork:
     """The fence on this node: `ensure()` installs it when missing or different, and says why
     it cannot be had (None when it is in place)."""
@@ -170,4 +191,11 @@ class JobNetwork:
             self.uid_base + JOB_UID_RANGE - 1,
             ", ".join(self.networks) or "none",
         )
+        exposed = abstract_listeners()
+        if exposed:
+            log.warning(
+                "abstract Unix sockets listen on this node (%s): gang members share the node's "
+                "network namespace and can reach them; no packet filter fences them",
+                ", ".join(exposed[:5]) + (" ..." if len(exposed) > 5 else ""),
+            )
         return None

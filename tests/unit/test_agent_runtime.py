@@ -328,6 +328,17 @@ def test_the_fence_is_keyed_on_the_job_uids_and_the_gang_networks() -> None:
     assert Config.from_args([], env).gang_networks == ("10.0.0.0/8", "fd00::/8")
 
 
+def test_the_abstract_unix_sockets_the_fence_cannot_see_are_named() -> None:
+    """Gang members share the node's network namespace and so its abstract Unix sockets."""
+    name = f"gpucloud-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("\0" + name)
+        assert f"@{name}" not in jobnet.abstract_listeners()  # bound, not listening
+        sock.listen()
+        assert f"@{name}" in jobnet.abstract_listeners()
+    assert f"@{name}" not in jobnet.abstract_listeners()
+
+
 @needs_engine
 def test_a_gang_member_gets_the_nodes_network_only_behind_the_fence(containers: Runner) -> None:
     runtime = containers.runtime
