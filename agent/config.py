@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.gpus import DEFAULT_SIM_GPUS, parse_sim_gpus
+from agent.runtime.jobnet import parse_networks
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 
@@ -55,6 +56,10 @@ class Config:
     cpu_milli_per_gpu: int = 4000  # a job's CPU and memory when it asks for none
     memory_mib_per_gpu: int = 16384
     pids_limit: int = 4096
+    # The job network fence gang members need (agent/runtime/jobnet.py): the command that runs
+    # nft, and the networks other nodes' jobs have (CIDRs; none: only members on this host meet).
+    nft: str = "nft"
+    gang_networks: tuple[str, ...] = ()
 
     DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
     DEFAULT_POLL_INTERVAL_S = 2.0
@@ -85,6 +90,7 @@ class Config:
             parser.error("NODE_TOKEN (or NODE_TOKEN_FILE / --token-file) is required")
         try:
             parse_sim_gpus(args.sim_gpus)
+            gang_networks = parse_networks(args.gang_networks.split(","))
         except ValueError as exc:
             parser.error(str(exc))
         return cls(
@@ -110,6 +116,8 @@ class Config:
             cpu_milli_per_gpu=args.cpu_milli_per_gpu,
             memory_mib_per_gpu=args.memory_mib_per_gpu,
             pids_limit=args.pids_limit,
+            nft=args.nft,
+            gang_networks=gang_networks,
         )
 
 
@@ -235,5 +243,18 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         type=int,
         default=int(env.get("AGENT_PIDS_LIMIT") or 4096),
         help="a container's process limit (env AGENT_PIDS_LIMIT)",
+    )
+    p.add_argument(
+        "--nft",
+        default=env.get("AGENT_NFT", "nft") or "nft",
+        help="the command that runs nft for the gang network fence, e.g. "
+        "'sudo -n /usr/sbin/nft' (env AGENT_NFT)",
+    )
+    p.add_argument(
+        "--gang-networks",
+        default=env.get("AGENT_GANG_NETWORKS", ""),
+        help="comma-separated CIDRs of the addresses other nodes' gang members have; a gang "
+        "member's container may reach them (env AGENT_GANG_NETWORKS; default none: only "
+        "members on this host)",
     )
     return p

@@ -40,6 +40,8 @@ from agent.runner import (
     stop_reason_to_exit_reason,
 )
 from agent.runtime import ContainerRuntime, ProcessRuntime, Runtime, engine_available
+from agent.runtime.base import DEFAULT_JOB_UID_BASE
+from agent.runtime.jobnet import JobNetwork
 from agent.runtime.mps import MpsControl
 
 log = logging.getLogger("agent")
@@ -80,10 +82,23 @@ def build_runtime(config: Config, *, simulated: bool) -> Runtime:
             f"the container engine ({config.engine}) does not answer: install Podman, or "
             "choose the process runtime for a demo (AGENT_RUNTIME=process)"
         )
+    uid_base = config.job_uid_base or None
+    network = JobNetwork(
+        uid_base=uid_base if uid_base is not None else DEFAULT_JOB_UID_BASE,
+        networks=config.gang_networks,
+        nft=config.nft,
+    )
+    reason = network.ensure()
+    if reason is not None:
+        log.warning(
+            "gang members cannot run in containers on this node: the job network fence is not "
+            "in place (%s); single-node jobs run as before",
+            reason,
+        )
     return ContainerRuntime(
         engine=config.engine,
         default_image=config.default_image,
-        uid_base=config.job_uid_base or None,
+        uid_base=uid_base,
         cpu_milli_per_gpu=config.cpu_milli_per_gpu,
         memory_mib_per_gpu=config.memory_mib_per_gpu,
         pids_limit=config.pids_limit,
@@ -91,6 +106,7 @@ def build_runtime(config: Config, *, simulated: bool) -> Runtime:
         agent_source=agent_source_root(),
         node_label=config.hostname,
         mps=mps,
+        network=network,
     )
 
 

@@ -1,7 +1,7 @@
 # Container runtime prerequisites for the tests and the demo; meant to be sourced (bash).
 #
-# Installs podman, runc and mmdebstrap from Debian when running as root and they are missing,
-# then builds the job image from Debian packages with mmdebstrap (no registry is needed) and
+# Installs podman, runc and mmdebstrap from Debian when running as root and they are missing
+# (and nftables, for the network fence of gang members; without nft those tests skip), then builds the job image from Debian packages with mmdebstrap (no registry is needed) and
 # imports it into podman. The built tarball is cached under var/images/, keyed by its recipe,
 # so later runs reuse it; the import is skipped when podman already has that tag.
 #
@@ -31,6 +31,11 @@ _runtime_image() {
       RUNTIME_TEST_SKIP="podman, runc or mmdebstrap is missing and this is not root (cannot install)"
       return 0
     fi
+  fi
+  if ! command -v nft >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "containers: installing nftables from Debian's packages (the gang network fence)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1 \
+      || echo "containers: nftables could not be installed: the gang container tests skip" >&2
   fi
   if podman image exists "$name" 2>/dev/null; then
     RUNTIME_TEST_IMAGE=$name

@@ -1,8 +1,9 @@
 """The container runtime: each attempt in an OCI container through Podman.
 
-One attempt is one container (`gpucloud-job-<job>-<attempt>`), and so one cgroup and one pid
-namespace: `podman kill` reaches every process in it, and when the job's main process ends the
-kernel ends everything else in the namespace (a `setsid` child cannot escape). What it gets:
+One attempt is one container (`gpucloud-job-<job>-<attempt>`, and `-<node rank>` for a gang's
+member), and so one cgroup and one pid namespace: `podman kill` reaches every process in it,
+and when the job's main process ends the kernel ends everything else in the namespace (a
+`setsid` child cannot escape). What it gets:
 
 - the job's image, never pulled at start (`--pull=never`: warm nodes keep the curated images);
   a missing image fails the attempt at once, naming it; the digest it ran is reported;
@@ -19,6 +20,11 @@ kernel ends everything else in the namespace (a `setsid` child cannot escape). W
   them and then the container does not start);
 - `--network none`: no interface but its own loopback, so the management plane on the host's
   loopback (Redis, PostgreSQL, the agent API) and the rest of the network are out of reach;
+  a single node's processes (torchrun's workers) meet on that loopback. A gang's member
+  (`NNODES` > 1) must reach the other members instead: it shares the node's network
+  (`--network=host`) behind the job network fence (`agent/runtime/jobnet.py`: its TCP
+  connections on this host complete only to sockets of its own uid, which its gang shares),
+  checked before each member starts; without the fence a member does not start;
 - GPUs through NVIDIA's CDI (`--device nvidia.com/gpu=<uuid>`) on a real host; none on a
   simulated one;
 - its working directory at /workspace and its checkpoint directory at /checkpoint (bind
@@ -53,6 +59,7 @@ from agent.runtime.base import (
     job_uid,
     prepare_dir,
 )
+from agent.runtime.jobnet import JobNetwork
 from agent.runtime.mps import MpsControl
 
 log = logging.getLogger(__name__)
@@ -115,6 +122,7 @@ class ContainerRuntime(Runtime):
         agent_source: str | None = None,
         node_label: str = "",
         mps: MpsControl | None = None,
+        network: JobNetwork | None = None,
     ) -> None:
         self.engine = shlex.split(engine)
         self.oci_runtime = oci_runtime
@@ -127,6 +135,7 @@ class ContainerRuntime(Runtime):
         self.agent_source = agent_source
         self.node_label = node_label or "agent"
         self.mps = mps
+        self.network = network  # the fence gang members need (None: gangs cannot run here)
         self.state_dir: Path | None = None  # the runner sets it: where env files are written
         self.cgroup_root = CGROUP_ROOT
         self._pulled: set[str] = set()  # curated images known to be on the node
@@ -225,8 +234,35 @@ class ContainerRuntime(Runtime):
         return sorted(self._pulled & set(images))
 
     @staticmethod
-    def container_name(job_id: int, attempt: int) -> str:
-        return f"{NAME_PREFIX}{job_id}-{attempt}"
+    def container_name(job_id: int, attempt: int, member: str = "") -> str:
+        """`gpucloud-job-<job>-<attempt>`, and `-<node rank>` for a gang's member: simulated
+        nodes on one host share one Podman, and each member needs a container of its own."""
+        name = f"{NAME_PREFIX}{job_id}-{attempt}"
+        return f"{name}-{member}" if member else name
+
+    # -- the network ---------------------------------------------------------------------------
+
+    def network_flag(self, env: dict[str, str]) -> str:
+        """`--network=none` unless the job is a gang's member, which gets the node's network
+        once the fence is in place (LaunchError saying why not otherwise)."""
+        try:
+            nodes = int(env.get("NNODES") or 1)
+        except ValueError:
+            nodes = 1
+        if nodes <= 1:
+            return "--network=none"
+        if self.network is None:
+            raise LaunchError(
+                "a gang member cannot run in a container on this node: it has no job network "
+                "fence (the agent runs without one)"
+            )
+        reason = self.network.ensure()
+        if reason is not None:
+            raise LaunchError(
+                "a gang member cannot run in a container on this node: its network fence is "
+                f"not in place ({reason})"
+            )
+        return "--network=host"
 
     # -- the interface -------------------------------------------------------------------------
 
@@ -243,10 +279,12 @@ class ContainerRuntime(Runtime):
         image = a.image or self.default_image
         if not image:
             raise LaunchError("the job names no image and this node has no default image")
+        network = self.network_flag(env)
         digest = self.image_digest(image)
         uid = job_uid(a.job_id, self.uid_base)
         prepare_dir(cwd, uid)
-        name = self.container_name(a.job_id, a.attempt)
+        member = env.get("NODE_RANK", "") if network == "--network=host" else ""
+        name = self.container_name(a.job_id, a.attempt, member if member.isdigit() else "")
         self._podman("rm", "--force", "--time", "0", name)  # a leftover of the same attempt
         cpu_milli, memory_mib = self.limits(a)
         env = {**env, "HOME": WORKSPACE}
@@ -261,7 +299,7 @@ class ContainerRuntime(Runtime):
             f"{LABEL}={self.node_label}",
             "--pull=never",
             "--init",
-            "--network=none",
+            network,
             f"--user={uid}:{uid}",
             "--cap-drop=all",
             "--security-opt=no-new-privileges",
@@ -384,7 +422,7 @@ class ContainerRuntime(Runtime):
             if not name.startswith(NAME_PREFIX):
                 continue
             try:
-                job_id, attempt = (int(x) for x in name[len(NAME_PREFIX) :].split("-", 1))
+                job_id, attempt = (int(x) for x in name[len(NAME_PREFIX) :].split("-")[:2])
             except ValueError:
                 continue
             log.warning("removing container %s left behind by a previous agent", name)

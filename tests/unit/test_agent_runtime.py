@@ -1,13 +1,16 @@
 """The workload runtimes with real processes (and the real Podman where it is installed): the
 job's environment is an allow-list, the process runtime runs a job as a uid of its own and
 leaves nothing of it behind, the wall-time limit is enforced, MPS limits go to the control
-daemon, the container's flags fence it."""
+daemon, the container's flags fence it, and the gang network fence holds on the real kernel."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import stat
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +21,7 @@ import pytest
 
 from agent.config import Config
 from agent.runner import Assignment, Runner, agent_source_root
-from agent.runtime import ContainerRuntime, LaunchError, ProcessRuntime, job_uid
+from agent.runtime import ContainerRuntime, LaunchError, ProcessRuntime, job_uid, jobnet
 from agent.runtime.mps import MpsControl, MpsError
 from tests import polling
 
@@ -299,3 +302,141 @@ def test_the_agent_keeps_the_curated_images_pulled(containers: Runner) -> None:
     assert runtime._puller is not None
     runtime._puller.join(60)
     assert "localhost:1/absent:0" not in runtime._pulled
+
+
+# -- the gang network fence -------------------------------------------------------------------
+
+needs_nft = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("nft") is None, reason="the fence needs root and nft"
+)
+GANG_ENV = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "NNODES": "2", "NODE_RANK": "1"}
+
+
+def test_the_fence_is_keyed_on_the_job_uids_and_the_gang_networks() -> None:
+    text, digest = jobnet.ruleset(300_000, ["10.20.0.0/16", "fd00::/64"])
+    assert "meta skuid 300000-359999" in text
+    assert "elements = { 10.20.0.0/16 }" in text and "elements = { fd00::/64 }" in text
+    assert f'comment "gpucloud-jobnet {digest}"' in text
+    assert jobnet.ruleset(300_000)[1] != digest  # other networks, another table
+    assert jobnet.parse_networks(["10.1.2.3/16", " ", "::1"]) == ("10.1.0.0/16", "::1/128")
+    with pytest.raises(ValueError, match="not a network"):
+        jobnet.parse_networks(["the cluster"])
+    env = {"PORTAL_URL": "http://x", "NODE_TOKEN": "t", "AGENT_GANG_NETWORKS": "10.0.0.0/8,x"}
+    with pytest.raises(SystemExit):
+        Config.from_args([], env)
+    env["AGENT_GANG_NETWORKS"] = "10.0.0.0/8, fd00::/8"
+    assert Config.from_args([], env).gang_networks == ("10.0.0.0/8", "fd00::/8")
+
+
+def test_the_abstract_unix_sockets_the_fence_cannot_see_are_named() -> None:
+    """Gang members share the node's network namespace and so its abstract Unix sockets."""
+    name = f"gpucloud-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("\0" + name)
+        assert f"@{name}" not in jobnet.abstract_listeners()  # bound, not listening
+        sock.listen()
+        assert f"@{name}" in jobnet.abstract_listeners()
+    assert f"@{name}" not in jobnet.abstract_listeners()
+
+
+@needs_engine
+def test_a_gang_member_gets_the_nodes_network_only_behind_the_fence(containers: Runner) -> None:
+    runtime = containers.runtime
+    assert isinstance(runtime, ContainerRuntime)
+    member = assignment(21, "true", env=GANG_ENV)
+    alone = assignment(22, "true", env={**GANG_ENV, "NNODES": "1", "NODE_RANK": "0"})
+
+    def launch(a: Assignment) -> list[str]:
+        started = runtime.launch(
+            a, cwd=containers.working_dir(a), checkpoint=None, env=containers.job_env(a)
+        )
+        runtime.cleanup(started)
+        return started.argv
+
+    runtime.network = None
+    with pytest.raises(LaunchError, match="no job network fence"):
+        launch(member)
+    assert "--network=none" in launch(alone)
+    runtime.network = jobnet.JobNetwork(uid_base=300_000, nft="false")
+    with pytest.raises(LaunchError, match="its network fence is not in place"):
+        launch(member)
+    assert "--network=none" in launch(alone)
+    if os.geteuid() == 0 and shutil.which("nft"):
+        runtime.network = jobnet.JobNetwork(uid_base=runtime.uid_base)
+        argv = launch(member)
+        assert "--network=host" in argv and "--network=none" not in argv
+        assert argv[argv.index("--name") + 1] == "gpucloud-job-21-1-1"  # its node rank
+
+
+def as_uid(uid: int, fn: Callable[[], str]) -> str:
+    """Run `fn` in a child process of uid `uid`; what it returns (or the error it raised)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = fn()
+        except BaseException as exc:
+            out = f"blocked: {type(exc).__name__}"
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+@needs_nft
+def test_the_fence_lets_a_job_uid_reach_only_sockets_of_its_own_uid() -> None:
+    """On the real kernel, without containers: uids of the fenced range connect to sockets of
+    their own uid only; a daemon of the host's (root's) and another job uid's never answer."""
+    base = 300_000  # a table of its own, removed afterwards
+    net = jobnet.JobNetwork(uid_base=base)
+    assert net.ensure() is None and net.in_place()
+    children: list[int] = []
+    host = socket.create_server(("127.0.0.1", 0))
+
+    def listen_as(uid: int) -> int:
+        """A listener owned by `uid` (a child of that uid creates it); its port."""
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            server = socket.create_server(("127.0.0.1", 0))
+            os.write(write, str(server.getsockname()[1]).encode())
+            while True:
+                conn, _ = server.accept()
+                conn.close()
+        os.close(write)
+        children.append(pid)
+        port = os.read(read, 16)  # the child keeps its end open while it serves
+        os.close(read)
+        return int(port)
+
+    def connect(port: int) -> Callable[[], str]:
+        def go() -> str:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            return "connected"
+
+        return go
+
+    try:
+        own, other = listen_as(base + 1), listen_as(base + 2)
+        assert as_uid(base + 1, connect(own)) == "connected"
+        assert as_uid(base + 1, connect(other)) == "blocked: TimeoutError"
+        assert as_uid(base + 1, connect(host.getsockname()[1])) == "blocked: TimeoutError"
+        # a closed port answers no reset either: a job cannot map what listens on the host
+        assert as_uid(base + 1, connect(1)) == "blocked: TimeoutError"
+        assert connect(other)() == "connected"  # the host itself reaches a job's socket
+        assert as_uid(500, connect(own)) == "connected"  # uids outside the range: no fence
+    finally:
+        host.close()
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        subprocess.run(["nft", "delete", "table", "inet", net.table], check=False)
