@@ -221,11 +221,32 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
     ):
         # Already handled (a resent report) or cancelled while running: the stop is confirmed.
         return job
+    gang = gangs.is_gang(job)
+    # What the agent stopped (a preemption, a resize, the time limit, "no longer assigned")
+    # did not finish its work, whatever its exit code: a workload that checkpoints on SIGTERM
+    # and exits 0 during the grace ends as what stopped it, never as succeeded. Only an exit
+    # the agent did not cause (`exited`) can be a success.
+    finished = report.exit_code == 0 and report.reason == "exited"
+    if job.state == JobState.PREEMPTING and finished and not gang:
+        # It ended on its own before the stop reached it: done, nothing to restart or resume.
+        what = "resize" if job.resize else "preemption"
+        job.exit_code = 0
+        job.resize = {}
+        job.preempt_deadline = None
+        job_transition(
+            job=job,
+            to=JobState.SUCCEEDED,
+            reason=f"Exited with code 0 before its {what} reached it",
+            actor_label=label,
+            data=data,
+            update_fields=("exit_code", "resize", "preempt_deadline"),
+        )
+        transaction.on_commit(request_cycle)
+        return job
     if job.state == JobState.PREEMPTING and job.resize:
         elastic.resize_finish(job=job, label=label, data=data, exit_code=report.exit_code)
         transaction.on_commit(request_cycle)
         return job
-    gang = gangs.is_gang(job)
     if gang and job.state != JobState.PREEMPTING:
         everyone_done = gangs.member_exited(
             job,
@@ -234,9 +255,9 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
             message=report.message,
             now=timezone.now(),
         )
-        if report.exit_code == 0 and report.reason == "exited" and not everyone_done:
+        if finished and not everyone_done:
             return job  # this member is done; the job runs until every member is
-        if report.exit_code != 0 or report.reason != "exited":
+        if not finished:
             data["member_node"] = node.name
     job.exit_code = report.exit_code
     if job.state == JobState.PREEMPTING:
@@ -252,8 +273,7 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
             end_reason=Allocation.EndReason.PREEMPTED,
             update_fields=("exit_code", "resume", "preempt_deadline"),
         )
-    elif report.exit_code == 0 and (not gang or report.reason == "exited"):
-        # (a gang member stopped by its agent, whatever its code, did not finish its part)
+    elif finished:
         job_transition(
             job=job,
             to=JobState.SUCCEEDED,
@@ -268,6 +288,9 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
             if report.exit_code is not None
             else f"signal {report.signal}"
         )
+        if report.reason == "killed":
+            # stopped by its node's agent (shutting down, fenced, no longer assigned)
+            what = f"a stop by its node ({report.message[:200] or what})"
         if report.reason == "failed_to_start":
             what = f"failed to start: {report.message[:200]}"
         if gang:
