@@ -77,6 +77,8 @@ class CycleInput:
     pending_now: dict[int, tuple[str, str, int | None, datetime | None]] = field(
         default_factory=dict
     )
+    # The idle GPUs held for grows in flight, by job (`elastic.holds`): taken, for apply too.
+    holds: dict[int, list[elastic.Held]] = field(default_factory=dict)
 
 
 def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobRequest:
@@ -202,6 +204,23 @@ def build_state(
         used_milli[row.gpu_id] += row.share_milli
         used_mem[row.gpu_id] += row.memory_mib
         by_job[row.job_id].append(row)
+    # The idle GPUs held for a grow in flight are the growing job's already: nothing else is
+    # planned onto them while it checkpoints (scheduler/elastic.py). Only a job stopping
+    # (`preempting`) can have some: no read at all when none is.
+    holds = elastic.holds() if any(r.state == JobState.PREEMPTING for r in active) else {}
+    for job_id, held in holds.items():
+        own = by_job.get(job_id)
+        if not own:
+            continue
+        template = own[0]
+        for h in held:
+            used_milli[h.gpu_id] += h.milli
+            used_mem[h.gpu_id] += h.memory_mib
+            own.append(
+                template._replace(
+                    node_id=h.node_id, gpu_id=h.gpu_id, share_milli=h.milli, memory_mib=h.memory_mib
+                )
+            )
     node_cpu: dict[int, int] = defaultdict(int)
     node_mem: dict[int, int] = defaultdict(int)
     running: list[RunningWork] = []
@@ -346,7 +365,7 @@ def build_state(
         quotas=project_quotas,
         model_precisions=model_precisions,
     )
-    return CycleInput(snapshot=snapshot, queue=queue, pending_now=pending_now)
+    return CycleInput(snapshot=snapshot, queue=queue, pending_now=pending_now, holds=holds)
 
 
 def policy_config() -> PolicyConfig:
@@ -450,11 +469,13 @@ def apply_plan(decided: Plan, state: CycleInput, *, now: datetime) -> CycleResul
     """
     if not decided.placements and not decided.preemptions and not decided.resizes:
         return CycleResult(pending=len(decided.pending))
-    return _apply_plan_locked(decided, now=now)
+    return _apply_plan_locked(decided, now=now, holds=state.holds)
 
 
 @transaction.atomic
-def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
+def _apply_plan_locked(
+    decided: Plan, *, now: datetime, holds: dict[int, list[elastic.Held]]
+) -> CycleResult:
     result = CycleResult(pending=len(decided.pending))
     touched = sorted({s.gpu_id for p in decided.placements for s in p.shares})
     # Lock the GPU rows in a fixed order, then read what is allocated on them now.
@@ -481,6 +502,11 @@ def _apply_plan_locked(decided: Plan, *, now: datetime) -> CycleResult:
             used_mem[gpu_id] += mem
         else:
             ended_since = max(ended_since, ended_at)
+    for held in holds.values():  # held for grows in flight (only this cycle makes new ones)
+        for h in held:
+            if h.gpu_id in locked:
+                used[h.gpu_id] += h.milli
+                used_mem[h.gpu_id] += h.memory_mib
     now = ended_since
 
     placing = {

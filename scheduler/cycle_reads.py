@@ -85,6 +85,21 @@ ACTIVE_ALLOCATIONS = CompiledQuery(
 )
 
 
+class ResizeHoldRow(NamedTuple):
+    """A grow in flight and the idle GPUs held for it (`Job.resize["hold"]`)."""
+
+    job_id: int
+    resize: dict[str, Any]
+
+
+RESIZE_HOLDS = CompiledQuery(
+    lambda: Job.objects.filter(state=JobState.PREEMPTING, resize__has_key="hold").values_list(
+        "pk", "resize"
+    ),
+    row=ResizeHoldRow,
+)
+
+
 class NodeRow(NamedTuple):
     pk: int
     name: str

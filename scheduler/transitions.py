@@ -88,6 +88,11 @@ def job_transition(
     if to == S.QUEUED and not (current in KEEPS_ITS_PLACE and job.queued_at is not None):
         job.queued_at = now  # the queue orders by it: the back of the queue
         fields.add("queued_at")
+    if current == S.PREEMPTING and to != S.PREEMPTING:
+        # A resize in flight (and the GPUs held for it) ends with the stop, however it ends:
+        # cancelled, its node lost, restarted at its new size.
+        job.resize = {}
+        fields.add("resize")
     if to == S.RUNNING and job.started_at is None:
         job.started_at = now
         fields.add("started_at")

@@ -267,11 +267,110 @@ def test_elastic_job_grows_into_idle_gpus_when_nothing_waits(team, two_eights):
     assert elastic.resize["reason"] == "grown into idle GPUs"
     exit_on(elastic, node, None, "preempted")
     elastic.refresh_from_db()
-    assert elastic.state == JobState.QUEUED and elastic.gpus == 8 and elastic.resume
+    # it restarts at once on its GPUs and the idle ones held for it (no cycle in between)
+    assert elastic.state == JobState.SCHEDULED and elastic.gpus == 8 and elastic.resume
+    assert elastic.attempt == 2 and not elastic.resize
+    assert Allocation.objects.filter(job=elastic, ended_at__isnull=True).count() == 8
+    (a,) = [a for a in assignments_for(node) if a["job_id"] == elastic.pk]
+    assert (a["env"]["RESUME"], a["env"]["WORLD_SIZE"], len(a["gpu_uuids"])) == ("1", "8", 8)
+
+
+@pytest.fixture
+def growing(team, two_eights):
+    """A blocker on one node; an elastic job (6 of up to 8) and a 2-GPU filler on the other.
+    The filler ends: the cycle grows the elastic job into its 2 idle GPUs."""
+    blocker = submit(team, name="blocker", gpus=8)
+    elastic = submit(
+        team,
+        name="el",
+        gpus=6,
+        elastic_min=2,
+        elastic_max=8,
+        min_runtime_s=0,
+        checkpoint_dir="/ckpt",
+    )
+    filler = submit(team, name="filler", gpus=2, runtime_estimate_s=60)
+    run_cycle()
+    for job in (blocker, elastic, filler):
+        start_everywhere(job)
+    node = Allocation.objects.filter(job=elastic).first().node
+    idle = set(
+        Allocation.objects.filter(job=filler).values_list("gpu_id", flat=True)
+    )  # what the grow is planned into
+    exit_on(filler, Allocation.objects.filter(job=filler).first().node, 0)
     run_cycle()
     elastic.refresh_from_db()
-    assert elastic.state == JobState.SCHEDULED
-    assert Allocation.objects.filter(job=elastic, ended_at__isnull=True).count() == 8
+    assert elastic.state == JobState.PREEMPTING and elastic.resize["to"] == 8
+    assert {h["gpu"] for h in elastic.resize["hold"]} == idle
+    return {"elastic": elastic, "node": node, "idle": idle}
+
+
+def test_a_grow_holds_the_idle_gpus_while_the_job_checkpoints(team, growing):
+    """Work that arrives between the grow's signal and the job's restart does not take the
+    GPUs it was grown into: the job restarts at the planned size."""
+    elastic, node = growing["elastic"], growing["node"]
+    thief = submit(team, name="thief", gpus=2)
+    for _ in range(2):
+        run_cycle()
+        thief.refresh_from_db()
+        assert thief.state == JobState.QUEUED and thief.pending_reason  # it says why it waits
+    assert not Allocation.objects.filter(job=thief).exists()
+    grow = JobEvent.objects.get(job=elastic, to_state=JobState.PREEMPTING)
+    assert "2 idle GPU(s) held for it" in grow.reason and "hold" not in grow.data["resize"]
+
+    exit_on(elastic, node, 0, "preempted")  # checkpointed on SIGTERM, exited 0
+    elastic.refresh_from_db()
+    assert elastic.state == JobState.SCHEDULED and elastic.gpus == 8 and elastic.attempt == 2
+    now_held = set(
+        Allocation.objects.filter(job=elastic, ended_at__isnull=True).values_list(
+            "gpu_id", flat=True
+        )
+    )
+    assert len(now_held) == 8 and growing["idle"] <= now_held
+    assert all(a.billed_milli == 1000 for a in Allocation.objects.filter(job=elastic, attempt=2))
+    run_cycle()
+    thief.refresh_from_db()
+    assert thief.state == JobState.QUEUED  # nothing free on either node
+
+
+def test_the_hold_ends_when_the_grow_is_abandoned(team, growing):
+    """Cancelled while it checkpoints: the held GPUs are free again with its own."""
+    elastic = growing["elastic"]
+    whole_node = submit(team, name="eight", gpus=8)  # fits only with the held GPUs
+    run_cycle()
+    whole_node.refresh_from_db()
+    assert whole_node.state == JobState.QUEUED
+    from scheduler.admission import job_cancel
+
+    job_cancel(actor=team["member"], job=elastic)
+    elastic.refresh_from_db()
+    assert elastic.state == JobState.CANCELLED and not elastic.resize
+    run_cycle()
+    whole_node.refresh_from_db()
+    assert whole_node.state == JobState.SCHEDULED
+    placed = set(Allocation.objects.filter(job=whole_node).values_list("gpu_id", flat=True))
+    assert growing["idle"] <= placed
+
+
+def test_a_held_gpu_that_fails_meanwhile_requeues_the_grow(team, growing):
+    from scheduler.models import Gpu
+
+    elastic, node = growing["elastic"], growing["node"]
+    Gpu.objects.filter(pk=min(growing["idle"])).update(health=Gpu.Health.UNHEALTHY)
+    exit_on(elastic, node, None, "preempted")
+    elastic.refresh_from_db()
+    assert elastic.state == JobState.QUEUED and elastic.gpus == 8 and not elastic.resize
+    out = JobEvent.objects.filter(job=elastic, to_state=JobState.QUEUED).last()
+    assert "no longer usable" in out.reason
+
+
+def test_a_resize_cut_short_by_a_lost_node_leaves_no_resize_behind(team, growing):
+    from scheduler.nodes.faults import requeue_after_fault
+
+    elastic = Job.objects.get(pk=growing["elastic"].pk)
+    requeue_after_fault(elastic, "node n1 lost", end_reason="node_lost", actor="health")
+    elastic.refresh_from_db()
+    assert elastic.state == JobState.QUEUED and not elastic.resize
 
 
 def test_users_resize_through_the_api_within_the_elastic_range(team, fleet, api):

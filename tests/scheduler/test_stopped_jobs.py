@@ -58,9 +58,7 @@ def test_a_preempted_job_that_checkpoints_and_exits_zero_is_requeued(team, fleet
     assert ended.state == JobState.QUEUED and ended.resume and never_succeeded(job)
 
 
-def test_a_resized_job_that_checkpoints_and_exits_zero_restarts_at_its_new_size(
-    team, fleet, api
-):
+def test_a_resized_job_that_checkpoints_and_exits_zero_restarts_at_its_new_size(team, fleet, api):
     job, node = running_job(team, gpus=2, elastic_min=1, elastic_max=2, checkpoint_dir="/c")
     job_resize_request(actor=team["member"], job=job, gpus=1)
     ended = exit_on(job, node, 0, "preempted")
