@@ -509,6 +509,7 @@ class Agent:
                     stop_reason_to_exit_reason(a.stop_reason),
                     f"stop requested by the portal ({a.stop_reason or 'no reason given'})",
                     grace_s=a.grace_seconds,
+                    request=a.stop_reason,
                 )
         if self._fence_draining:
             if runner.jobs or runner.outbox:

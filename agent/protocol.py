@@ -44,6 +44,14 @@ LOG_SEQ_PER_MEMBER = 4_000_000
 ACTIONS: tuple[str, ...] = ("run", "stop")
 # "resize": an elastic job stops to checkpoint and restart at a new size (reported as preempted)
 STOP_REASONS: tuple[str, ...] = ("preempt", "cancel", "resize")
+# The checkpoint signal file: just before the agent sends a job SIGTERM it writes
+# `$CHECKPOINT_DIR/<STOP_FILE>` (JSON: reason, message, grace_seconds, deadline as epoch
+# seconds and ISO 8601, job_id, attempt), for workloads that cannot catch signals (a shell
+# script's children, a signal swallowed by a launcher) and poll it instead. `reason` is the
+# portal's stop reason (`preempt`, `resize`, `cancel`) or the agent's own (`time_limit`, and
+# `killed`: no longer assigned, the node fenced or its agent shutting down). The agent removes
+# it before an attempt starts, so a resumed attempt never sees its predecessor's.
+STOP_FILE = "stop-requested.json"
 
 
 # -- agent → portal -------------------------------------------------------------------------------

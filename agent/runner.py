@@ -490,6 +490,8 @@ class Runner:
             checkpoint = self.checkpoint_dir(a)
             if checkpoint is not None:
                 checkpoint.mkdir(parents=True, exist_ok=True)
+                # a stop request is for the attempt it stopped, never for the next one
+                (checkpoint / protocol.STOP_FILE).unlink(missing_ok=True)
             if not a.command.strip():
                 raise ValueError("the assignment has no command")
             launch = self.runtime.launch(a, cwd=cwd, checkpoint=checkpoint, env=self.job_env(a))
@@ -566,10 +568,13 @@ class Runner:
         message: str = "",
         *,
         grace_s: float | None = None,
+        request: str | None = None,
     ) -> bool:
         """SIGTERM the attempt's process group now, SIGKILL it after the grace (see `poll`).
 
-        A second stop keeps the first reason and may only shorten the grace.
+        Just before the SIGTERM, the checkpoint signal file (`protocol.STOP_FILE`) says why
+        (`request`: the portal's stop reason, else `reason`) and by when. A second stop keeps
+        the first reason and may only shorten the grace.
         """
         job = self.jobs.get(key)
         if job is None or not job.alive:
@@ -589,11 +594,39 @@ class Runner:
                 grace,
             )
             assert job.pid is not None
+            self._request_checkpoint(job, request or reason, grace)
             self._signal(job, signal.SIGTERM)
         elif job.kill_at is None or deadline < job.kill_at:
             job.kill_at = deadline
             job.grace_s = grace
         return True
+
+    def _request_checkpoint(self, job: Job, reason: str, grace: float) -> None:
+        """Write the checkpoint signal file into the job's checkpoint directory (whole, by a
+        rename, so a workload polling it never reads half of it). Best effort: the SIGTERM
+        follows whatever happens here."""
+        checkpoint = self.checkpoint_dir(job.assignment)
+        if checkpoint is None:
+            return
+        deadline = time.time() + max(0.0, grace)
+        body = {
+            "reason": reason,
+            "message": job.stop_message,
+            "grace_seconds": grace,
+            "deadline": round(deadline, 3),
+            "deadline_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline)),
+            "job_id": job.job_id,
+            "attempt": job.attempt,
+        }
+        tmp = checkpoint / f".{protocol.STOP_FILE}.{os.getpid()}"
+        try:
+            tmp.write_text(json.dumps(body) + "\n")
+            tmp.chmod(0o644)
+            os.replace(tmp, checkpoint / protocol.STOP_FILE)
+        except OSError as exc:
+            log.warning("job %d: cannot write its stop request: %s", job.job_id, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def stop_all(self, reason: str, message: str, *, grace_s: float | None = None) -> int:
         """Stop every attempt on the node; the number being stopped."""

@@ -4,8 +4,11 @@
 
 Prints one progress line per step (step, loss), writes `$CHECKPOINT_DIR/checkpoint.json` (the
 step) every few seconds, resumes from it when RESUME=1, exits 0 when done. On SIGTERM (a
-preemption or a cancel) it writes a final checkpoint and exits 143. `--fail-at STEP` exits 1
-at that step, for tests.
+preemption, a resize or a cancel), or when the agent's checkpoint signal file
+(`$CHECKPOINT_DIR/stop-requested.json`, `agent.protocol.STOP_FILE`) appears, it writes a final
+checkpoint and exits 143. `--ignore-sigterm` leaves SIGTERM to its launcher (as a workload
+under a shell that swallows it would), so only the file stops it. `--fail-at STEP` exits 1 at
+that step, for tests.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 CHECKPOINT_NAME = "checkpoint.json"
+STOP_FILE = "stop-requested.json"  # agent.protocol.STOP_FILE (a workload imports nothing of ours)
 EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a TERM-killed process
 
 
@@ -50,12 +54,22 @@ def loss_at(step: int, total: int, rng: random.Random) -> float:
     return 2.5 * math.exp(-3.0 * step / max(1, total)) + 0.05 + rng.uniform(-0.02, 0.02)
 
 
+def stop_reason(path: Path) -> str:
+    try:
+        return str(json.loads(path.read_text()).get("reason", "?"))
+    except (OSError, ValueError):
+        return "?"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.workload", description=__doc__)
     parser.add_argument("--seconds", type=float, default=60.0, help="total run time")
     parser.add_argument("--step-seconds", type=float, default=0.5, help="time per step")
     parser.add_argument("--checkpoint-every", type=float, default=5.0, help="seconds")
     parser.add_argument("--fail-at", type=int, default=None, help="exit 1 at this step")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="stop on the signal file only"
+    )
     args = parser.parse_args(argv)
 
     terminated = threading.Event()
@@ -63,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_term(signum: int, frame: FrameType | None) -> None:
         terminated.set()
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_sigterm else on_term)
+    stop_file = checkpoint_path().parent / STOP_FILE
 
     total = max(1, math.ceil(args.seconds / args.step_seconds))
     path = checkpoint_path()
@@ -85,9 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     loss = loss_at(step, total, rng)
     last_checkpoint = time.monotonic()
     while step < total:
-        if terminated.wait(args.step_seconds):
+        if terminated.wait(args.step_seconds) or stop_file.exists():
             save_checkpoint(path, step, loss)
-            print(f"SIGTERM: checkpoint saved at step {step}; exiting", flush=True)
+            why = "SIGTERM" if terminated.is_set() else f"stop requested ({stop_reason(stop_file)})"
+            print(f"{why}: checkpoint saved at step {step}; exiting", flush=True)
             return EXIT_TERMINATED
         step += 1
         loss = loss_at(step, total, rng)

@@ -365,9 +365,21 @@ class ContainerRuntime(Runtime):
         alive = done is not None and done.returncode == 0
         if alive and sig != signal.SIGKILL:
             return True  # podman run ends with the container and reports its status
+        if done is not None and sig != signal.SIGKILL and self._has_ended(launch.container):
+            # It ended while the signal was on its way (a workload that saw the checkpoint
+            # signal file and exited): podman run reports its status; signalling podman run
+            # now would lose it.
+            return False
         # Before the container exists the signal goes to podman run, which then does not
         # create it; a SIGKILL goes to both (podman run cannot forward that one).
         return super().signal(launch, pgid, sig) or alive
+
+    def _has_ended(self, container: str) -> bool:
+        try:
+            done = self._podman("container", "inspect", "--format", "{{.State.Status}}", container)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0 and done.stdout.strip() in ("exited", "stopped")
 
     def outcome(self, launch: Launch, returncode: int | None) -> Outcome | None:
         oom = Outcome(

@@ -5,6 +5,7 @@ daemon, the container's flags fence it, and the gang network fence holds on the 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -153,6 +154,50 @@ def test_one_gang_member_ending_spares_the_other_on_the_same_host(workdir: Path)
     wait_for(lambda: 9 in exits(second), second)
 
 
+# A workload that cannot catch signals (its shell ignores SIGTERM, as a launcher that swallows it
+# would) and polls the checkpoint signal file instead.
+POLLS_THE_SIGNAL_FILE = (
+    'trap "" TERM; echo up; '
+    'while [ ! -f "$CHECKPOINT_DIR/stop-requested.json" ]; do sleep 0.1; done; '
+    'cat "$CHECKPOINT_DIR/stop-requested.json"; echo; '
+    'echo step-7 > "$CHECKPOINT_DIR/ckpt"; echo checkpointed; exit 0'
+)
+STALE_OR_CLEAN = 'test -e "$CHECKPOINT_DIR/stop-requested.json" && echo stale || echo clean'
+
+
+def sees_the_checkpoint_signal_file(runner: Runner, job_id: int) -> None:
+    """The agent writes the file (why, by when) before its SIGTERM; the workload sees it,
+    checkpoints and exits within the grace; the next attempt starts without it."""
+    a = assignment(job_id, POLLS_THE_SIGNAL_FILE, checkpoint_dir=f"ck/{job_id}", grace_seconds=30)
+    runner.start(a)
+    wait_for(lambda: "up" in output(runner, job_id), runner, timeout=60)
+    before = time.time()
+    runner.stop(a.key, "preempted", "stop requested by the portal (resize)", request="resize")
+    wait_for(lambda: job_id in exits(runner), runner, timeout=25)  # well inside the grace
+    body = exits(runner)[job_id]
+    assert body["reason"] == "preempted" and body["exit_code"] == 0
+    assert "ended after SIGTERM" in body["message"]  # not killed at the grace's end
+    text = output(runner, job_id)
+    request = json.loads(next(line for line in text.splitlines() if line.startswith("{")))
+    assert request["reason"] == "resize" and request["grace_seconds"] == 30
+    assert (request["job_id"], request["attempt"]) == (job_id, 1)
+    assert before + 29 <= request["deadline"] <= time.time() + 30
+    assert "checkpointed" in text
+    host_dir = runner.checkpoint_dir(a)
+    assert host_dir is not None and (host_dir / "ckpt").read_text() == "step-7\n"
+    runner.start(assignment(job_id, STALE_OR_CLEAN, checkpoint_dir=f"ck/{job_id}", attempt=2))
+    wait_for(lambda: output(runner, job_id).endswith(("clean\n", "stale\n")), runner, timeout=60)
+    assert output(runner, job_id).endswith("clean\n")
+
+
+def test_a_process_job_that_cannot_catch_sigterm_sees_the_checkpoint_signal_file(
+    workdir: Path,
+) -> None:
+    # as root the job runs as a uid of its own: the agent's file must be readable to it
+    runner = make_runner(workdir, ProcessRuntime(uid_base=200_000))
+    sees_the_checkpoint_signal_file(runner, 21)
+
+
 def _live_of(uid: int) -> list[int]:
     """Processes of `uid` that are not zombies."""
     found = []
@@ -277,6 +322,13 @@ def test_a_container_past_its_time_limit_ends_as_time_limit(containers: Runner) 
     wait_for(lambda: 6 in exits(containers), containers, timeout=30)
     assert exits(containers)[6]["reason"] == "time_limit"
     assert "up" in output(containers, 6)
+
+
+@needs_engine
+def test_a_container_job_that_cannot_catch_sigterm_sees_the_checkpoint_signal_file(
+    containers: Runner,
+) -> None:
+    sees_the_checkpoint_signal_file(containers, 22)
 
 
 @needs_engine

@@ -71,3 +71,29 @@ def test_fail_at_exits_1(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert out.splitlines()[-1].startswith("step 3/") and "failing at step 3" in err
     assert time.monotonic() - started < 5
+
+
+def test_the_checkpoint_signal_file_stops_a_workload_that_ignores_sigterm(tmp_path: Path) -> None:
+    from agent import protocol
+    from agent import workload as demo
+
+    assert demo.STOP_FILE == protocol.STOP_FILE  # the workload imports nothing of the agent
+    proc = workload(
+        tmp_path,
+        "--seconds",
+        "30",
+        "--step-seconds",
+        "0.02",
+        "--checkpoint-every",
+        "60",
+        "--ignore-sigterm",
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("step 1/")
+    proc.send_signal(signal.SIGTERM)  # ignored: it keeps stepping
+    assert proc.stdout.readline().startswith("step ")
+    (tmp_path / protocol.STOP_FILE).write_text('{"reason": "preempt"}')
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 143
+    assert "stop requested (preempt): checkpoint saved at step" in out
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] > 1
