@@ -11,7 +11,8 @@ never hear each other; pub/sub ignores Redis's database numbers):
 
 - `…:push:p:<project id>`  `{"k": "jobs", "ids": [job ids]}`: jobs of the project changed
   state, queue position, pending reason or estimate, or were submitted (job lists, job pages);
-- `…:push:j:<job id>`      `{"k": "logs", "last": <last chunk id>}` a log append, and
+- `…:push:j:<job id>`      `{"k": "logs", "job": <job id>, "last": <last chunk id>}` a log
+  append (a page showing several jobs' logs, an array's, tells them apart by `job`), and
   `{"k": "telemetry"}` a heartbeat with samples of the job (published by the live store's
   write script, `monitoring/live.py`, in the same Redis command);
 - `…:push:n:<node id>`     `{"k": "telemetry"}`: a heartbeat of the node (the node page);
@@ -104,4 +105,4 @@ def jobs_changed(pairs: Iterable[tuple[int, int]]) -> None:
 
 
 def log_appended(job_id: int, last: int) -> None:
-    publish([(job_channel(job_id), {"k": "logs", "last": last})])
+    publish([(job_channel(job_id), {"k": "logs", "job": job_id, "last": last})])

@@ -1,6 +1,7 @@
 """The pushed-updates stream: server-sent events fed by Redis pub/sub (`portal.push`).
 
-`GET /events/?job=<id>` (a job page), `?node=<id>` (an operator's node page), `?cluster=1`
+`GET /events/?job=<id>` (a job page), `?array=<id>` (an array's page: any of its shards'
+states, and each shard's log appends), `?node=<id>` (an operator's node page), `?cluster=1`
 (the cluster overview), `?queue=1` (job lists); several may be combined. Each event names
 what changed (`job`, `logs`, `telemetry`, `queue`; `ready` when the stream is open) and the
 page fetches that part through its usual view (`static/js/push.js`). Permissions are those of
@@ -35,7 +36,8 @@ from portal.errors import DomainError
 from portal.models import User
 from portal.params import whole_number
 from portal.selectors import project_list_visible_to
-from scheduler.models import Node
+from scheduler.dependencies import array_members
+from scheduler.models import Job, Node
 from scheduler.selectors import job_get_visible
 
 KEEPALIVE_S = 15.0  # a comment line, so proxies and the browser keep the stream open
@@ -48,8 +50,10 @@ COALESCE_S = {"telemetry": 2.0, "queue": 1.0, "job": 0.25, "logs": 0.0}
 class Route:
     """What a message on one channel means to this stream."""
 
-    job_id: int | None = None  # project channel on a job page: only messages naming this job
+    # project channel on a job or array page: only messages naming these jobs
+    job_ids: frozenset[int] = frozenset()
     queue: bool = False  # project channel on a job list: any change is a queue change
+    logs_only: bool = False  # a shard's channel on an array page: its log appends only
 
 
 class Hub:
@@ -127,10 +131,21 @@ def routes_for(user: User, params: Any) -> dict[str, tuple[str, Route]]:
     """channel → (event name, route) for what the page asked, as far as the user may see it."""
     routes: dict[str, tuple[str, Route]] = {}
     job_id = whole_number(params.get("job"), maximum=2**63 - 1) if params.get("job") else None
+    watched: dict[int, set[int]] = {}  # project → the jobs whose state this page shows
     if job_id is not None:
         job = job_get_visible(user=user, job_id=job_id)  # 404 for another tenant's job
-        routes[push.project_channel(job.project_id)] = ("job", Route(job_id=job.pk))
+        watched.setdefault(job.project_id, set()).add(job.pk)
         routes[push.job_channel(job.pk)] = ("", Route())  # logs and telemetry name themselves
+    array_id = whole_number(params.get("array"), maximum=2**63 - 1) if params.get("array") else None
+    if array_id is not None:
+        root = job_get_visible(user=user, job_id=array_id)  # a shard's page shows its array
+        root_id = root.array_parent_id or root.pk
+        shards = list(Job.objects.filter(array_members(root_id)).values_list("pk", flat=True))
+        watched.setdefault(root.project_id, set()).update(shards)
+        for shard in shards:  # the page shows one shard's log at a time, any of them
+            routes.setdefault(push.job_channel(shard), ("", Route(logs_only=True)))
+    for project_id, ids in watched.items():
+        routes[push.project_channel(project_id)] = ("job", Route(job_ids=frozenset(ids)))
     if params.get("queue"):
         for project_id in project_list_visible_to(user=user).values_list("pk", flat=True):
             routes.setdefault(push.project_channel(project_id), ("queue", Route(queue=True)))
@@ -162,15 +177,16 @@ def translate(routes: dict[str, tuple[str, Route]], channel: str, raw: bytes) ->
     except orjson.JSONDecodeError:
         return "", {}
     kind = message.get("k", "")
-    if route.job_id is not None:  # a job page hears only of its own job on the project channel
-        return ("job", {"id": route.job_id}) if route.job_id in message.get("ids", ()) else ("", {})
+    if route.job_ids:  # a job (array) page hears only of its own jobs on the project channel
+        hit = sorted(route.job_ids.intersection(message.get("ids", ())))
+        return ("job", {"id": hit[0], "ids": hit}) if hit else ("", {})
     if route.queue:
         return "queue", {}
     if event:
         return event, {}
     if kind == "logs":
-        return "logs", {"last": message.get("last", 0)}
-    if kind == "telemetry":
+        return "logs", {"last": message.get("last", 0), "job": message.get("job")}
+    if kind == "telemetry" and not route.logs_only:
         return "telemetry", {}
     return "", {}
 
@@ -236,7 +252,7 @@ async def events(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     except Http404:
         return HttpResponse(status=404)
     if not routes:
-        return HttpResponse("Name a job, node, cluster or queue.", status=400)
+        return HttpResponse("Name a job, array, node, cluster or queue.", status=400)
     try:
         body = stream(routes, float(getattr(settings, "PUSH_STREAM_MAX_S", 300)))
         first = await anext(body)  # subscribed (or Redis is down: 503, the page polls)

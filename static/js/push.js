@@ -2,7 +2,7 @@
  *
  * A part that can be pushed declares what it listens to and how often it would poll:
  *   data-push="job|logs|telemetry|queue"   the event that refreshes it
- *   data-push-topic="job=42"               what the stream must carry (job=, node=, cluster=, queue=)
+ *   data-push-topic="job=42"               what the stream must carry (job=, array=, node=, cluster=, queue=)
  *   data-poll="2000"                       its poll interval in ms, used only without push
  * and triggers its htmx request on "push" and "poll":  hx-trigger="push, poll".
  * This file fires "poll" only while push is unavailable: no EventSource in the browser, the
@@ -18,7 +18,7 @@
   var GRACE_MS = 8000;
   var state = "off"; // off | connecting | open | failed
   var since = Date.now();
-  var lastLog = 0; // the newest log chunk id the stream announced
+  var lastLog = {}; // job id -> the newest log chunk id the stream announced for it
   var skipped = 0; // polls not made because push was live (the browser tests wait on it)
 
   window.gpPushLive = function () {
@@ -40,8 +40,10 @@
     return document.querySelectorAll('[data-push~="' + event + '"]');
   }
 
+  // A log tail names its job in its topic ("job=42"); an array's page shows any shard's.
   function logsBehind(el) {
-    return Number(el.getAttribute("data-push-after") || 0) < lastLog;
+    var job = (el.getAttribute("data-push-topic") || "").split("=")[1] || "";
+    return Number(el.getAttribute("data-push-after") || 0) < (lastLog[job] || 0);
   }
 
   function topics() {
@@ -97,7 +99,10 @@
       source.addEventListener(name, function () { parts(name).forEach(fire); });
     });
     source.addEventListener("logs", function (e) {
-      try { lastLog = Math.max(lastLog, JSON.parse(e.data).last || 0); } catch (err) { /* keep */ }
+      try {
+        var d = JSON.parse(e.data), job = String(d.job);
+        lastLog[job] = Math.max(lastLog[job] || 0, d.last || 0);
+      } catch (err) { /* keep */ }
       parts("logs").forEach(function (el) { if (logsBehind(el)) { fire(el); } });
     });
     source.onerror = function () {

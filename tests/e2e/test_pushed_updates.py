@@ -77,3 +77,64 @@ def test_without_push_the_job_page_polls_and_still_follows_the_job(page, placed)
     page.wait_for_function(STATUS_SAYS, arg="running")
     page.wait_for_function(LOGS_SAY, arg="epoch 1 done")
     assert any(url.endswith(f"/jobs/{job.pk}/") for url in polls)
+
+
+# -- an array's page ------------------------------------------------------------------------------
+
+BY_STATE_SAYS = "s => document.querySelector('[data-testid=array-by-state]').innerText.includes(s)"
+SHARD_LOG_SAYS = "s => document.querySelector('[data-testid=shard-log]').innerText.includes(s)"
+
+
+def _array(team, fleet) -> tuple[list, object]:
+    """A 2-shard array, placed: its shards, and the node of the last one."""
+    from scheduler.admission import JobSpec, job_submit
+    from scheduler.cycle import run_cycle
+    from scheduler.models import GpuModel
+
+    shards = job_submit(
+        actor=team["member"],
+        project=team["a"],
+        spec=JobSpec(
+            name="farm",
+            command="true",
+            gpu_model=GpuModel.objects.get(name="H100-80GB-SXM"),
+            shard_count=2,
+        ),
+    )
+    run_cycle()
+    return shards, Allocation.objects.get(job=shards[-1]).node
+
+
+def test_an_array_page_is_pushed_its_shards_and_a_shards_log(browser, asgi_server, team, fleet):
+    shards, node = _array(team, fleet)
+    context = browser.new_context(base_url=asgi_server)
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    causes = []
+    page.on("request", lambda r: causes.append(r.headers.get("x-refresh-cause")))
+    _login(page, team["member"])
+    page.goto(f"/jobs/{shards[0].pk}/array/")
+    page.wait_for_selector("html[data-push=open]")
+    page.click(f"[data-testid=shard-log-{shards[-1].shard_index}]")  # the last shard's log
+    page.wait_for_function("() => gpPushStats().skipped >= 2")  # polls skipped: push is live
+
+    _start_and_log(shards[-1], node)  # it starts, and prints a line
+    page.wait_for_function(BY_STATE_SAYS, arg="running 1")
+    page.wait_for_function(SHARD_LOG_SAYS, arg="epoch 1 done")
+    assert "poll" not in causes and "push" in causes
+    context.close()
+
+
+def test_without_push_the_array_page_polls_and_still_follows_its_shards(page, team, fleet):
+    shards, node = _array(team, fleet)
+    polls = []
+    page.on(
+        "request",
+        lambda r: polls.append(r.url) if r.headers.get("x-refresh-cause") == "poll" else None,
+    )
+    _login(page, team["member"])
+    page.goto(f"/jobs/{shards[0].pk}/array/")
+    page.wait_for_selector("html[data-push=failed]")  # the WSGI live server cannot stream
+    _start_and_log(shards[-1], node)
+    page.wait_for_function(BY_STATE_SAYS, arg="running 1")
+    assert any(url.endswith(f"/jobs/{shards[0].pk}/array/") for url in polls)

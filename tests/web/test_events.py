@@ -16,6 +16,7 @@ from django.utils import timezone
 from monitoring.ingest import ingest_samples
 from portal import push
 from scheduler.admission import job_cancel
+from scheduler.cycle import run_cycle
 from scheduler.models import Allocation, Job
 from scheduler.nodes.reports import job_log_append
 from tests.scheduler.conftest import placed  # noqa: F401 (a fixture)
@@ -102,11 +103,41 @@ def test_log_appends_and_heartbeats_reach_the_job_page(placed):  # noqa: F811
     _run(scenario)
 
 
+def test_an_array_page_hears_of_its_shards_and_their_logs_only(team, fleet, api):
+    body = {"project": "alpha", "name": "farm", "command": "true", "gpu_model": "H100-80GB-SXM"}
+    resp = api(team["member"]).post("/api/v1/jobs", {**body, "shard_count": 3}, format="json")
+    assert resp.status_code == 201, resp.content
+    root, middle, last = (s["id"] for s in resp.json())
+    outside = _submit(api, team["member"])
+    run_cycle()
+    alloc = Allocation.objects.get(job_id=last)
+    node, second = alloc.node, Job.objects.get(pk=middle)
+
+    async def scenario():
+        resp = await _open(team["member"], f"array={middle}")  # a shard names its array
+        assert resp.status_code == 200
+        chunks = aiter(resp.streaming_content)
+        assert _events(await anext(chunks)) == ["ready"]
+        await sync_to_async(job_cancel)(actor=team["member"], job=outside)  # not the array's
+        await sync_to_async(job_cancel)(actor=team["member"], job=second)
+        got = await asyncio.wait_for(anext(chunks), timeout=10)
+        assert _events(got) == ["job"] and f'"ids":[{middle}]'.encode() in got
+        await sync_to_async(job_log_append)(
+            node=node, job_id=last, attempt=alloc.attempt, seq=1, stream="stdout", text="f\n"
+        )
+        got = await asyncio.wait_for(anext(chunks), timeout=10)
+        assert _events(got) == ["logs"] and f'"job":{last}'.encode() in got  # whose log
+
+    _run(scenario)
+    assert root < middle < last
+
+
 def test_the_stream_keeps_to_what_the_user_may_see(team, fleet, api, client):
     job = _submit(api, team["member"])
 
     async def scenario():
         assert (await _open(team["outsider"], f"job={job.pk}")).status_code == 404
+        assert (await _open(team["outsider"], f"array={job.pk}")).status_code == 404
         assert (await _open(team["member"], "cluster=1")).status_code == 403
         assert (await _open(team["member"], f"node={fleet['nodes']['h1'].pk}")).status_code == 403
         assert (await _open(team["member"], "nothing=1")).status_code == 400
