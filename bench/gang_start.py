@@ -18,12 +18,17 @@ checkpoint, so the workload's own checkpoint time is ~0 and not in the figure) i
 8 -> 4 -> 8 ... by the user's request, `--runs` times; from the signal (the `preempting` event:
 the assignment says stop) to running at the new size (the next `running` event), split into
 signal -> stop confirmed (the agent's poll, SIGTERM, the exit report) and stop -> running (the
-restart at the new size).
+restart at the new size), for the shrinks (restarted at once on the GPUs kept) and the grows
+(requeued at the new size, placed by the next cycle) apart. Then the planner's own grow into
+idle GPUs, `--runs` times: the user shrinks the job to 4, and once it runs its minimum runtime
+is lifted, so the next cycle grows it back to 8 into the GPUs it holds for it (restarted at
+once, no cycle in between); from that grow's signal to running at 8.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -141,6 +146,12 @@ def ms(v: float) -> str:
     return f"{v * 1000:.0f} ms"
 
 
+def spread_ms(values: list[float]) -> list[str]:
+    """p50, p95, min, max."""
+    quantiles = (statistics.median(values), percentile(values, 0.95), min(values), max(values))
+    return [ms(v) for v in quantiles]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -154,8 +165,9 @@ def main() -> None:
     teardown()
     stack = Stack(db_url, args.port, 2, "scheduler,default")
     gang: dict[int, list[float]] = {n: [] for n in GANG_SIZES}
-    stop_s: list[float] = []
-    restart_s: list[float] = []
+    # (signal -> stop confirmed, stop -> running) by kind: 4 shrinks, 8 the user's grows,
+    # 0 the planner's grows
+    spans: dict[int, list[tuple[float, float]]] = {4: [], 8: [], 0: []}
     try:
         stack.start()
         start_agents(stack, ones, "1xH100-80GB-SXM", args.poll)
@@ -173,6 +185,7 @@ def main() -> None:
                 print(f"gang of {n}: {ms(gang[n][-1])}", flush=True)
 
         from portal.models import User
+        from scheduler.cycle_requests import request_cycle
         from scheduler.elastic import job_resize_request
         from scheduler.models import Job
 
@@ -183,51 +196,79 @@ def main() -> None:
         )  # fmt: skip
         wait_state(elastic, ("running",))
         user = User.objects.get(email="bench@example.org")
-        for i in range(args.runs):
+
+        def resized(before: float) -> tuple[float, float, float]:
+            """(signal, stop confirmed, running) of the resize signalled after `before`."""
+            signal_at = event_at(elastic, "preempting", before - 1)
+            stopped_at = event_at(elastic, "queued", signal_at)
+            return signal_at, stopped_at, event_at(elastic, "running", stopped_at)
+
+        def running_on(gpus: int) -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                job = Job.objects.get(pk=elastic)
+                if job.state == "running" and job.gpus == gpus:
+                    return
+                time.sleep(0.1)
+            raise SystemExit(f"the elastic job did not run on {gpus} GPUs in 120 s")
+
+        for i in range(2 * args.runs):
             to = 4 if i % 2 == 0 else 8
             before = time.time()
             job_resize_request(actor=user, job=Job.objects.get(pk=elastic), gpus=to)
-            time.sleep(0.2)
-            wait_state(elastic, ("running",))
-            signal_at = event_at(elastic, "preempting", before - 1)
-            stopped_at = event_at(elastic, "queued", signal_at)
-            running_at = event_at(elastic, "running", stopped_at)
-            stop_s.append(stopped_at - signal_at)
-            restart_s.append(running_at - stopped_at)
+            running_on(to)
+            signal_at, stopped_at, running_at = resized(before)
+            spans[to].append((stopped_at - signal_at, running_at - stopped_at))
             print(f"resize to {to}: {ms(running_at - signal_at)}", flush=True)
+        for _ in range(args.runs):  # the planner's grow into the idle GPUs held for it
+            job_resize_request(actor=user, job=Job.objects.get(pk=elastic), gpus=4)
+            running_on(4)
+            before = time.time()
+            Job.objects.filter(pk=elastic).update(min_runtime_s=0)  # it may grow now
+            request_cycle()
+            running_on(8)
+            Job.objects.filter(pk=elastic).update(min_runtime_s=300)
+            signal_at, stopped_at, running_at = resized(before)
+            spans[0].append((stopped_at - signal_at, running_at - stopped_at))
+            print(f"planner's grow to 8: {ms(running_at - signal_at)}", flush=True)
         Job.objects.filter(pk=elastic).update(elastic_max=None)
     finally:
         stack.stop()
+    ended_load = os.getloadavg()
 
-    rows = [
-        [str(n), str(len(v)), ms(statistics.median(v)), ms(percentile(v, 0.95)), ms(min(v))]
-        for n, v in gang.items()
-    ]
-    total = [a + b for a, b in zip(stop_s, restart_s, strict=True)]
-    resize_rows = [
-        [label, str(len(v)), ms(statistics.median(v)), ms(percentile(v, 0.95))]
-        for label, v in (
-            ("signal -> stop confirmed", stop_s),
-            ("stop -> running at the new size", restart_s),
-            ("signal -> running at the new size", total),
-        )
-    ]
+    rows = [[str(n), str(len(v)), *spread_ms(v)] for n, v in gang.items()]
+    resize_rows = []
+    for kind, label in (
+        (4, "shrink 8 -> 4 (user; restarts on the GPUs it kept)"),
+        (8, "grow 4 -> 8 (user; requeued, placed by the next cycle)"),
+        (0, "grow 4 -> 8 (planner; restarts on the GPUs held for it)"),
+    ):
+        for part, values in (
+            ("signal -> stop confirmed", [a for a, _ in spans[kind]]),
+            ("stop -> running at the new size", [b for _, b in spans[kind]]),
+            ("signal -> running at the new size", [a + b for a, b in spans[kind]]),
+        ):
+            resize_rows.append([label, part, str(len(values)), *spread_ms(values)])
+    one, five, _ = ended_load
     body = "\n\n".join(
         [
             "## Gangs and elastic resizes: start and resize latency",
             f"`{command_line('bench.gang_start')}`",
             "The bench stack (gunicorn, Celery worker and beat, the cycle every second) with "
             f"in-process simulated agents polling every {args.poll:g} s (the process runtime), "
-            'on the shared 2-core machine. From "all members placed" (the job\'s `scheduled` '
-            'event) to "all members running" (its `running` event, when the last member\'s '
-            "start is reported); database timestamps:",
-            markdown_table(["members", "runs", "p50", "p95", "min"], rows),
-            "Resize of an elastic job (8 <-> 4 A100s, asked for by its user) whose workload "
-            "exits at once on SIGTERM, so its own checkpoint time (~0) is not in the figures:",
-            markdown_table(["span", "resizes", "p50", "p95"], resize_rows),
+            "on the shared machine named below, other engineers' test suites running beside "
+            f'it (load average at the end {one:.2f} / {five:.2f}, 1 / 5 min). From "all '
+            'members placed" (the job\'s `scheduled` event) to "all members running" (its '
+            "`running` event, when the last member's start is reported); database timestamps:",
+            markdown_table(["members", "runs", "p50", "p95", "min", "max"], rows),
+            "Resizes of an elastic job (A100s, 2 to 8) whose workload exits at once on SIGTERM, "
+            "so its own checkpoint time (~0) is not in the figures:",
+            markdown_table(["resize", "span", "runs", "p50", "p95", "min", "max"], resize_rows),
             "Anchor: the agents' poll interval. Each span is about one poll (the agent seeing "
             "its new assignment) plus the portal's and the agent's own work; a node's assignment "
-            "version drops on every change, so the poll after it fetches the new assignment.",
+            "version drops on every change, so the poll after it fetches the new assignment. "
+            "A user's grow waits for a cycle after its stop; a shrink and the planner's grow "
+            "restart in the same transaction as the stop's report.",
         ]
     )
     print(body)

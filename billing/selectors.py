@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -559,6 +559,24 @@ def invoice_job_summary(*, invoice: Invoice) -> list[dict[str, object]]:
         )
         .order_by("project__slug", "job_id", "gpu_model__name")
     ]
+    # Each attempt of a job as a period on so many GPUs (an elastic job resized from 8 GPUs to
+    # 2 shows both), first to last metered second.
+    periods: dict[tuple[object, object], list[dict[str, object]]] = defaultdict(list)
+    for p in (
+        UsageRecord.objects.filter(invoice=invoice)
+        .values("job_id", "gpu_model__name", "allocation__attempt")
+        .annotate(
+            gpus=Count("allocation_id", distinct=True),
+            start=Min("slice_start"),
+            end=Max("slice_end"),
+        )
+        .order_by("job_id", "start")
+    ):
+        periods[(p["job_id"], p["gpu_model__name"])].append(
+            {"gpus": p["gpus"], "start": p["start"], "end": p["end"]}
+        )
+    for row in rows:
+        row["periods"] = periods.get((row["job_id"], row["gpu_model__name"]), [])
     return rows
 
 

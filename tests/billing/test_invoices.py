@@ -78,6 +78,27 @@ def test_pay_as_you_go_month_close(lab, place):
     assert not UsageRecord.objects.filter(invoice__isnull=True, period_start=MARCH).exists()
 
 
+def test_the_invoice_shows_an_elastic_jobs_periods_at_each_size(lab, place, client):
+    """An elastic job shrunk from 3 GPUs to 1: one period per attempt, each with its GPUs."""
+    gpus = h100s()
+    first = place(gpu=gpus[0], start=at("2025-03-03 10:00"), end=at("2025-03-03 11:00"))
+    job = first.job
+    for gpu in gpus[1:3]:
+        place(gpu=gpu, job=job, start=at("2025-03-03 10:00"), end=at("2025-03-03 11:00"))
+    job.allocations.update(attempt=1)
+    place(gpu=gpus[3], job=job, start=at("2025-03-03 11:00"), end=at("2025-03-03 13:00"))
+    invoice = close(lab["a"])
+    (row,) = selectors.invoice_job_summary(invoice=invoice)
+    assert [(p["gpus"], p["start"], p["end"]) for p in row["periods"]] == [
+        (3, at("2025-03-03 10:00"), at("2025-03-03 11:00")),
+        (1, at("2025-03-03 11:00"), at("2025-03-03 13:00")),
+    ]
+    client.force_login(lab["owner"])
+    page = client.get(f"/billing/invoices/{invoice.pk}/").content.decode()
+    periods = page.split('data-testid="job-periods">', 1)[1].split("</td>", 1)[0]
+    assert "3 GPUs Mar 3 10:00–11:00" in periods and "1 GPU Mar 3 11:00–13:00" in periods
+
+
 def test_cannot_close_a_running_month(lab):
     with pytest.raises(DomainError, match="not ended"):
         close(lab["a"], now=at("2025-03-20 00:00"))

@@ -176,3 +176,21 @@ def test_elastic_eight_to_two_resumes_from_its_checkpoint(stack, tmp_path: Path)
     ):
         periods.setdefault(attempt, set()).add(alloc)
     assert {a: len(ids) for a, ids in periods.items()} == {1: 8, 2: 2}
+    # the invoice shows both periods: one attempt on 8 GPUs, the next on 2
+    from datetime import UTC, datetime, timedelta
+
+    from billing import selectors as billing_selectors
+    from billing import services as billing_services
+
+    month = job.finished_at.date().replace(day=1)
+    after = (month + timedelta(days=32)).replace(day=1)
+    account = billing_services.account_open_for_project(project=job.project)
+    invoice = billing_services.invoice_close(
+        account_id=account.pk,
+        period_start=month,
+        now=datetime(after.year, after.month, 1, 0, 30, tzinfo=UTC),
+    )
+    (row,) = [
+        r for r in billing_selectors.invoice_job_summary(invoice=invoice) if r["job_id"] == train
+    ]
+    assert [p["gpus"] for p in row["periods"]] == [8, 2]
