@@ -91,6 +91,30 @@ def test_torch_distributed_all_reduce_across_two_agents(stack, tmp_path: Path):
     ]
 
 
+def test_torchrun_rendezvous_endpoint_works_from_the_members_environment(stack, tmp_path: Path):
+    """Each member runs `torchrun` with the documented flags, from its environment alone
+    (c10d rendezvous at rank 0's MASTER_ADDR:MASTER_PORT): the workers meet and all-reduce."""
+    pytest.importorskip(
+        "torch", reason="PyTorch (CPU) is not installed: scripts/test.sh installs torch==2.13.0"
+    )
+    script = tmp_path / "all_reduce.py"
+    script.write_text(ALL_REDUCE)
+    job_id = submit(
+        stack,
+        gpus=2,
+        nodes=2,
+        gpus_per_node=1,
+        command=f"{sys.executable} -m torch.distributed.run --nnodes=$NNODES "
+        "--nproc-per-node=$LOCAL_WORLD_SIZE --node-rank=$NODE_RANK --rdzv-backend=c10d "
+        f"--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT {script}",
+        env={"GLOO_SOCKET_IFNAME": "lo"},
+    )
+    wait_for(lambda: state_of(job_id) in (JobState.SUCCEEDED, JobState.FAILED), timeout=180)
+    assert state_of(job_id) == JobState.SUCCEEDED, log_of(job_id)
+    wait_for(lambda: log_of(job_id).count(": all_reduce 3") == 2, timeout=20)
+    assert "of 2" in log_of(job_id)
+
+
 def test_gang_member_failing_stops_the_other_and_bills_nothing_after(stack, tmp_path: Path):
     """A 2-member gang where rank 1 exits 1: rank 0 is stopped (SIGTERM), the job fails once,
     and no usage is metered past the stop."""
