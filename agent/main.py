@@ -1,8 +1,15 @@
 """The agent's main loop: register, then heartbeat, poll assignments, run them, report.
 
-One thread drives everything in short ticks (`Agent.tick`); only the log pipe readers have their
-own threads. `Agent(config).run(stop_event)` runs in-process until the event is set, then stops
-all work (SIGTERM, grace, SIGKILL) and reports the exits before it returns.
+Two threads talk to the portal, each over a connection of its own. The main thread drives the
+work in short ticks (`Agent.tick`): reap and ship reports, sync, apply assignments. The
+heartbeat thread (`Agent.beat_loop`) samples the GPUs at 1 Hz and sends the heartbeats, so a
+slow or retrying sync never delays the node's liveness (as Kubernetes renews a node's lease
+apart from its status). The heartbeat thread reads what runs from a view the main thread
+publishes after each change (`RunnerView`), never the runner itself, and hands what the
+portal answers (fenced, images to keep) back to the main thread, which acts on it; only the
+log pipe readers have threads besides. `Agent(config).run(stop_event)` runs in-process until
+the event is set, then stops all work (SIGTERM, grace, SIGKILL; heartbeats go on meanwhile),
+stops the heartbeat thread and reports the exits before it returns.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence, Set
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -65,6 +73,16 @@ def host_resources() -> tuple[int, int]:
     except (ValueError, OSError, AttributeError):
         memory = 0
     return cpus * 1000, int(memory)
+
+
+@dataclass(frozen=True)
+class RunnerView:
+    """What the runner runs, as the heartbeat thread may read it: published by the main
+    thread after each round, immutable once published."""
+
+    running: list[dict[str, Any]] = field(default_factory=list)
+    busy_gpus: frozenset[str] = frozenset()
+    processes_by_gpu: dict[str, list[int]] = field(default_factory=dict)
 
 
 class RuntimeUnavailable(SystemExit):
@@ -119,6 +137,7 @@ class Agent:
         *,
         backend: GpuBackend | None = None,
         client: PortalClient | None = None,
+        beat_client: PortalClient | None = None,
         runner: Runner | None = None,
     ) -> None:
         self.config = config
@@ -129,6 +148,16 @@ class Agent:
             seed=config.sim_seed,
         )
         self.client = client or PortalClient(
+            config.portal_url,
+            config.token,
+            timeout_s=config.request_timeout_s,
+            backoff_initial_s=config.backoff_initial_s,
+            backoff_max_s=config.backoff_max_s,
+            ca_bundle=config.ca_bundle,
+        )
+        # The heartbeat's own client: its own connection, so a sync in flight (or stuck in its
+        # retries) on the main client's never holds a heartbeat back.
+        self.beat_client = beat_client or PortalClient(
             config.portal_url,
             config.token,
             timeout_s=config.request_timeout_s,
@@ -152,10 +181,19 @@ class Agent:
         self._fence_draining = False
         self._reconcile = True
         self._next_contact = 0.0
-        self._next_heartbeat = 0.0
         self._next_poll = 0.0
-        self._next_sample = 0.0
         self._buffer: list[tuple[float, list[dict[str, Any]]]] = []  # (monotonic, records)
+        # Between the main thread and the heartbeat thread: the runner as last published, the
+        # sample buffer (and the GPU backend), one heartbeat at a time, and what a heartbeat's
+        # answer asks of the main thread (fenced or not, the images to keep pulled).
+        self._view = RunnerView()
+        self._sample_lock = threading.Lock()
+        self._beat_lock = threading.Lock()
+        self._news_lock = threading.Lock()
+        self._beat_news: dict[str, Any] = {}
+        self._beat_stop = threading.Event()
+        self._beat_thread: threading.Thread | None = None
+        self.beats_answered = 0  # heartbeats the portal answered (for tests and logs)
         self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
         # The portal's /sync: reports and assignments in one round trip; an unchanged version
         # is answered without the assignments. False: an older portal, one request per report.
@@ -169,12 +207,18 @@ class Agent:
     def run(self, stop: threading.Event) -> None:
         """Register, then loop until `stop` is set; then stop all work and report it."""
         self.client.stop = stop
+        self.beat_client.stop = self._beat_stop
         try:
             leftovers = self.runner.kill_leftovers()
             if leftovers:
                 log.warning("stopped %d attempt(s) a previous agent left running", len(leftovers))
             if not self.register(stop):
                 return
+            self.publish()
+            self._beat_thread = threading.Thread(
+                target=self.beat_loop, name="heartbeat", daemon=True
+            )
+            self._beat_thread.start()
             while not stop.is_set():
                 try:
                     self.tick()
@@ -256,56 +300,129 @@ class Agent:
         if stopping:
             log.info("stopping %d attempt(s) before exiting", stopping)
         longest = max((j.grace_s for j in runner.alive_jobs()), default=0.0)
+        # Heartbeats go on while the work stops (a long grace must not make the node look lost).
         if not runner.wait_all(longest + LEFTOVER_GRACE_S + READER_DRAIN_S + 2.0):
             for job in runner.alive_jobs():  # the last resort; nothing may outlive the agent
                 runner.kill_now(job)
             runner.wait_all(2.0)
+        self.publish()
+        stopped = self.stop_beats()
         if self.node is not None and runner.outbox:
             try:
                 self._flush_outbox(
                     attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event(), apply=False
                 )
-                self._heartbeat(attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event())
+                if stopped:  # the last heartbeat says nothing runs any more
+                    self.publish()
+                    self._heartbeat(attempts=SHUTDOWN_REPORT_ATTEMPTS, stop=threading.Event())
             except PortalError as exc:
                 log.warning(
                     "could not tell the portal about %d exit(s) before exiting: %s",
                     sum(1 for m in runner.outbox if m.kind == "exited"),
                     exc,
                 )
-        self.backend.close()
+        if stopped:  # else the heartbeat thread may still be using them
+            self.backend.close()
+            self.beat_client.close()
         self.client.close()
         log.info("agent stopped")
+
+    def stop_beats(self) -> bool:
+        """Stop the heartbeat thread: its retries end at once, a request in flight within the
+        request timeout. Whether it ended (False: it is stuck, and is left as a daemon)."""
+        self._beat_stop.set()
+        thread = self._beat_thread
+        if thread is None:
+            return True
+        thread.join(self.config.request_timeout_s + 2.0)
+        if thread.is_alive():
+            log.warning("the heartbeat thread did not stop within the request timeout")
+            return False
+        return True
+
+    # -- the heartbeat thread -----------------------------------------------------------------
+
+    def publish(self) -> None:
+        """Publish what the runner runs for the heartbeat thread (main thread only)."""
+        runner = self.runner
+        self._view = RunnerView(
+            running=runner.running(),
+            busy_gpus=frozenset(runner.busy_gpus()),
+            processes_by_gpu=runner.processes_by_gpu(),
+        )
+
+    def beat_loop(self) -> None:
+        """Sample the GPUs at 1 Hz and heartbeat every interval, until `stop_beats`; failures
+        back off (with jitter, so a fleet does not come back in step) but never past what the
+        portal's loss limit allows for, and never wait on the main thread."""
+        stop = self._beat_stop
+        backoff = Backoff(self.config.backoff_initial_s, self.config.backoff_max_s)
+        next_sample = next_beat = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_sample:
+                self._sample()
+                next_sample = now + SAMPLE_INTERVAL_S
+            if now >= next_beat:
+                try:
+                    self._heartbeat(attempts=self.config.request_attempts, stop=stop)
+                except Unauthorized as exc:
+                    log.error("heartbeat: the portal rejected this node's token (%s)", exc)
+                    next_beat = now + self.config.unauthorized_backoff_s
+                except PortalError as exc:
+                    if not stop.is_set():
+                        log.warning("heartbeat failed (%s); the next one as scheduled", exc)
+                    next_beat = now + max(self.heartbeat_interval_s, backoff.next())
+                except Exception:  # a bug here must not end the node's liveness
+                    log.exception("unexpected error sending a heartbeat; carrying on")
+                    next_beat = now + self.heartbeat_interval_s
+                else:
+                    backoff.reset()
+                    next_beat = now + self.heartbeat_interval_s
+            stop.wait(max(0.005, min(next_sample, next_beat) - time.monotonic()))
+
+    def _take_beat_news(self) -> None:
+        """Act, in the main thread, on what the last heartbeats answered."""
+        with self._news_lock:
+            news, self._beat_news = self._beat_news, {}
+        if "fenced" in news:
+            self._set_fenced(news["fenced"])
+        if "images" in news:  # the curated images this node keeps pulled
+            self.runner.runtime.keep_pulled(news["images"])
 
     # -- the loop ------------------------------------------------------------------------------
 
     def pause(self) -> float:
-        """How long to wait before the next round: a tick at most, less when the next poll or
-        heartbeat falls due sooner, so those keep their intervals instead of being rounded up
-        to whole ticks (a 0.5 s poll on 0.2 s ticks would be 0.6 s). Never before the next
-        contact a backoff allows."""
-        due = max(min(self._next_poll, self._next_heartbeat), self._next_contact)
+        """How long to wait before the next round: a tick at most, less when the next poll
+        falls due sooner, so it keeps its interval instead of being rounded up to whole ticks
+        (a 0.5 s poll on 0.2 s ticks would be 0.6 s). Never before the next contact a backoff
+        allows. (Heartbeats have their own thread and schedule.)"""
+        due = max(self._next_poll, self._next_contact)
         return min(self.config.tick_s, max(0.005, due - time.monotonic()))
 
     def tick(self) -> None:
         """One round: reap and ship, then whatever contact with the portal is due."""
         self.runner.poll()
+        self._take_beat_news()
+        self.publish()
         now = time.monotonic()
-        if now >= self._next_sample:
-            self._sample()
-            self._next_sample = now + SAMPLE_INTERVAL_S
         if now < self._next_contact:
             return
         attempts = self.config.request_attempts
         try:
-            # While reconciling, what runs is reported (heartbeat) before anything is applied.
+            # While reconciling, what runs is reported (a heartbeat, from this thread on the
+            # heartbeat's connection) before anything is applied.
             self._flush_outbox(attempts=attempts, apply=not self._reconcile)
-            if self._reconcile or now >= self._next_heartbeat:
+            if self._reconcile:
+                self.publish()
                 self._heartbeat(attempts=attempts)
-                self._next_heartbeat = now + self.heartbeat_interval_s
+                self._take_beat_news()
             if self._reconcile or time.monotonic() >= self._next_poll:
                 self._poll_assignments(attempts=attempts)
                 self.runner.poll()
+                self.publish()
                 self._flush_outbox(attempts=attempts)  # "started" right after the start
+                self.publish()
         except Unauthorized as exc:
             log.error(
                 "the portal rejected this node's token (%s): check NODE_TOKEN; work keeps "
@@ -333,14 +450,16 @@ class Agent:
         self._next_contact = time.monotonic() + delay
 
     def _sample(self) -> None:
-        """Buffer one telemetry record per GPU, stamped with when it was taken."""
-        try:
-            samples = self.backend.sample(self.runner.busy_gpus(), self.runner.processes_by_gpu())
-        except Exception:  # a telemetry glitch must never stop the heartbeat
-            log.exception("GPU telemetry failed; heartbeat without it")
-            return
-        self._buffer.append((time.monotonic(), samples))
-        del self._buffer[:-MAX_BUFFERED_INSTANTS]
+        """Buffer one telemetry record per GPU, stamped with when it was taken (any thread)."""
+        view = self._view
+        with self._sample_lock:
+            try:
+                samples = self.backend.sample(set(view.busy_gpus), view.processes_by_gpu)
+            except Exception:  # a telemetry glitch must never stop the heartbeat
+                log.exception("GPU telemetry failed; heartbeat without it")
+                return
+            self._buffer.append((time.monotonic(), samples))
+            del self._buffer[:-MAX_BUFFERED_INSTANTS]
 
     def _instants_that_fit(self) -> list[tuple[float, list[dict[str, Any]]]]:
         """The newest buffered instants whose samples fit in one heartbeat (the protocol's
@@ -366,9 +485,20 @@ class Agent:
         ]
 
     def _heartbeat(self, *, attempts: int | None, stop: threading.Event | None = None) -> None:
-        if not self._buffer or time.monotonic() - self._buffer[-1][0] >= SAMPLE_INTERVAL_S / 2:
+        """One heartbeat on the heartbeat's own client (either thread; one at a time). What
+        the answer asks of the runner is left for the main thread (`_take_beat_news`)."""
+        with self._beat_lock:
+            self._send_heartbeat(attempts=attempts, stop=stop)
+
+    def _send_heartbeat(self, *, attempts: int | None, stop: threading.Event | None) -> None:
+        with self._sample_lock:
+            stale = not self._buffer or time.monotonic() - self._buffer[-1][0] >= (
+                SAMPLE_INTERVAL_S / 2
+            )
+        if stale:
             self._sample()  # the newest instant is taken now
-        sent, sent_at = self._instants_that_fit(), time.monotonic()
+        with self._sample_lock:
+            sent, sent_at = self._instants_that_fit(), time.monotonic()
         body = {
             # every buffered instant, oldest first; `age_s` (not a clock time) places each sample
             "telemetry": [
@@ -376,22 +506,32 @@ class Agent:
                 for taken, samples in sent
                 for s in samples
             ],
-            "running": self.runner.running(),
+            "running": self._view.running,
         }
         try:
-            answer = self.client.heartbeat(body, attempts=attempts, stop=stop)
+            answer = self.beat_client.heartbeat(body, attempts=attempts, stop=stop)
         except Conflict:
-            self._set_fenced(True)
+            self._tell_main(fenced=True)
             return
         except RequestRejected as exc:
             log.error("heartbeat refused: %s", exc)
-            self._buffer.clear()  # the portal will not take them: do not resend
+            with self._sample_lock:
+                self._buffer.clear()  # the portal will not take them: do not resend
             return
-        del self._buffer[: len(sent)]
-        self._set_fenced(bool(answer.get("fenced")))
+        self.beats_answered += 1
+        if sent:  # off the buffer: what was sent (and anything older, dropped meanwhile)
+            last = sent[-1][0]
+            with self._sample_lock:
+                self._buffer = [entry for entry in self._buffer if entry[0] > last]
+        news: dict[str, Any] = {"fenced": bool(answer.get("fenced"))}
         images = answer.get("images")
-        if isinstance(images, list):  # the curated images this node keeps pulled
-            self.runner.runtime.keep_pulled([i for i in images if isinstance(i, str)])
+        if isinstance(images, list):
+            news["images"] = [i for i in images if isinstance(i, str)]
+        self._tell_main(**news)
+
+    def _tell_main(self, **news: Any) -> None:
+        with self._news_lock:
+            self._beat_news.update(news)
 
     def _poll_assignments(self, *, attempts: int | None) -> None:
         """Read the assignments (with any started/exited reports on the way) and apply them."""

@@ -100,10 +100,11 @@ class Recorder:
                     continue
                 gaps = [(b - a, a, b) for a, b in itertools.pairwise(beats)]
                 gap, a, b = max(gaps)
+                # the heartbeats' own exchanges (syncs run beside them on another connection)
                 waiting = sum(
                     min(s + d, b) - max(s, a)
-                    for s, d, _k, _ok in self.exchanges[name]
-                    if s < b and s + d > a
+                    for s, d, k, _ok in self.exchanges[name]
+                    if k == "heartbeat" and s < b and s + d > a
                 )
                 nodes[name] = {"max_gap_s": gap, "waiting_on_portal_s": waiting}
             latency: dict[str, list[float]] = defaultdict(list)
@@ -178,6 +179,7 @@ def main() -> None:
         interval = agent.heartbeat_interval_s
         if args.stats is not None:
             recorder.wrap(name, agent.client)
+            recorder.wrap(name, agent.beat_client)  # heartbeats have a client of their own
         thread = threading.Thread(target=agent.run, args=(stop,), name=name)
         thread.start()
         threads.append(thread)

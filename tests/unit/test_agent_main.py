@@ -39,12 +39,26 @@ class FakePortal:
         self.down = False  # answer 503 to everything, like a restarting portal
         self.stale: set[tuple[int, int]] = set()  # (job, attempt) answered with 409
         self.raw_paths: set[str] = set()  # paths the agent really requested
+        # Cleared: syncs and assignment reads are held unanswered (a portal slow to answer
+        # them) until it is set again; `stalled` counts those held, with their client ports.
+        self.syncs_open = threading.Event()
+        self.syncs_open.set()
+        self.stalled: list[int] = []
+        self.beat_ports: list[int] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
+                port = self.client_address[1]
+                if self.path.endswith(("/sync", "/assignments")) and not outer.syncs_open.is_set():
+                    with outer.lock:
+                        outer.stalled.append(port)
+                    outer.syncs_open.wait(30)
+                if self.path.endswith("/heartbeat"):
+                    with outer.lock:
+                        outer.beat_ports.append(port)
                 status, answer = outer.answer(self.command, self.path, body, self.headers)
                 data = json.dumps(answer).encode()
                 self.send_response(status)
@@ -434,9 +448,9 @@ def test_a_409_makes_the_agent_stop_and_forget_the_attempt(
     pid = portal.job_reports(7, "started")[0]["pid"]
     portal.set(stale={(7, 1)})  # the log chunk now answers 409
     wait_for(lambda: not alive(pid), 5.0)
-    time.sleep(0.3)
+    # the heartbeats (their own thread) stop listing it once the main loop has reaped it
+    wait_for(lambda: portal.bodies("/heartbeat")[-1]["running"] == [], 5.0)
     assert portal.job_reports(7, "exited") == []  # a forgotten attempt is not reported
-    assert portal.bodies("/heartbeat")[-1]["running"] == []
 
 
 def test_rides_out_a_portal_outage_and_reconciles(
@@ -463,6 +477,33 @@ def test_rides_out_a_portal_outage_and_reconciles(
     wait_for(lambda: portal.polls(after()), 3.0)
     heartbeats = [i for i, (_, p, _) in enumerate(after()) if p == "/heartbeat"]
     assert heartbeats and heartbeats[0] < portal.polls(after())[0]
+
+
+def test_heartbeats_go_out_while_a_sync_is_held_unanswered(
+    portal: FakePortal, start_agent: Callable[..., Running]
+) -> None:
+    """A sync the portal is slow to answer (or one the agent is retrying) does not hold the
+    heartbeats back: they keep coming at their interval, on a connection of their own."""
+    agent = start_agent(request_timeout_s=30.0)
+    wait_for(lambda: portal.polls() and portal.bodies("/heartbeat"), 3.0)
+    portal.syncs_open.clear()
+    try:
+        wait_for(lambda: portal.stalled, 3.0)  # a sync is in flight, unanswered
+        with portal.lock:
+            beats_before = len(portal.beat_ports)
+        # the portal's interval is 0.1 s: several heartbeats while the sync waits
+        wait_for(lambda: len(portal.beat_ports) >= beats_before + 3, 3.0)
+        with portal.lock:
+            held, beat_ports = list(portal.stalled), portal.beat_ports[beats_before:]
+        assert len(held) == 1  # the main loop is still waiting on that one sync
+        assert held[0] not in beat_ports  # the heartbeats did not queue on its connection
+    finally:
+        portal.syncs_open.set()
+    # The sync answered, the loop goes on; shutting down stops the heartbeat thread too.
+    polls = len(portal.polls())
+    wait_for(lambda: len(portal.polls()) > polls, 3.0)
+    agent.shut_down()
+    assert agent.agent._beat_thread is not None and not agent.agent._beat_thread.is_alive()
 
 
 def test_shutdown_stops_all_work_and_reports_it(
@@ -567,7 +608,7 @@ def test_the_pause_between_rounds_keeps_the_poll_interval(tmp_path: Path) -> Non
         )
     )
     now = time.monotonic()
-    agent._next_contact, agent._next_heartbeat = 0.0, now + 5
+    agent._next_contact = 0.0
     agent._next_poll = now + 0.1
     assert 0.05 < agent.pause() <= 0.1  # the poll falls due within the tick
     agent._next_poll = now + 3
