@@ -140,15 +140,24 @@ def submit(
                 stop.wait(delay)
 
 
-def watch_cycles(stop: threading.Event, seen: dict[float, float]) -> None:
-    """Every cycle's duration, read from what the cycle task publishes (its `at` is the key)."""
+def watch_cycles(
+    stop: threading.Event, seen: dict[float, float], running: list[int] | None = None
+) -> None:
+    """Every cycle's duration, read from what the cycle task publishes (its `at` is the key);
+    with `running`, the jobs running every 2 s (the cycle's snapshot size, a model input)."""
     from django.conf import settings
     from django.core.cache import cache
 
+    from scheduler.models import Job, JobState
+
+    ticks = 0
     while not stop.is_set():
         last = cache.get(settings.MONITORING_CYCLE_CACHE_KEY)
         if last:
             seen[last["at"]] = last["seconds"]
+        if running is not None and ticks % 4 == 0:
+            running.append(Job.objects.filter(state=JobState.RUNNING).count())
+        ticks += 1
         stop.wait(0.5)
 
 
@@ -225,6 +234,71 @@ def read_cost() -> dict[str, dict[str, float]] | None:
     return cost
 
 
+def read_cycle_cost() -> dict[str, dict[str, float]] | None:
+    """The cycle's CPU terms `bench.cycle_cost` last recorded (fixed, per node, per
+    allocation, per job placed; worker and PostgreSQL ms)."""
+    from bench import DOCS
+
+    found = re.search(r"<!-- cycle_cost:data (\{.*?\}) -->", DOCS.read_text(encoding="utf-8"))
+    if not found:
+        return None
+    data: dict[str, dict[str, float]] = json.loads(found.group(1))
+    return data
+
+
+def read_meter(path: Path) -> dict[str, list[float]]:
+    """The worker's task totals so far (`bench.worker_meter`; {} before the first task)."""
+    try:
+        data: dict[str, list[float]] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data
+
+
+def task_delta(
+    before: dict[str, list[float]], after: dict[str, list[float]]
+) -> dict[str, tuple[int, float]]:
+    """(count, CPU s) of each task the worker ran between two `worker_meter` readings."""
+    out = {}
+    for name, (count, cpu) in after.items():
+        c0, s0 = before.get(name, [0.0, 0.0])
+        if count - c0 > 0:
+            out[name] = (int(count - c0), cpu - s0)
+    return out
+
+
+def task_table(tasks: dict[str, tuple[int, float]], seconds: float, worker_cpu: float) -> str:
+    rows = [
+        [
+            f"`{name}`",
+            str(count),
+            f"{count / seconds:.2f}",
+            f"{cpu * 1000 / count:.1f}",
+            f"{cpu:.1f}",
+            f"{cpu / seconds:.3f}",
+        ]
+        for name, (count, cpu) in sorted(tasks.items(), key=lambda kv: -kv[1][1])
+    ]
+    total = sum(cpu for _, cpu in tasks.values())
+    rows.append(["**all tasks**", "", "", "", f"{total:.1f}", f"{total / seconds:.3f}"])
+    outside = worker_cpu - total
+    rows.append(
+        [
+            "the worker outside its tasks (Celery's consumer: broker reads, acks, the timers "
+            "of countdown tasks)",
+            "",
+            "",
+            "",
+            f"{outside:.1f}",
+            f"{outside / seconds:.3f}",
+        ]
+    )
+    return markdown_table(
+        ["task", "runs", "per s", "CPU ms per run", "CPU s", "cores"],
+        rows,
+    )
+
+
 def read_rest() -> dict[str, Any] | None:
     """What the fleet at rest costs besides its requests (`--users 0 --submit-rate 0
     --section load_rest`): the worker's periodic tasks, and the PostgreSQL and Redis work
@@ -252,6 +326,7 @@ def model_prediction(
     jobs_placed: int,
     nodes: int,
     rest: dict[str, Any] | None,
+    cycles: tuple[int, float, dict[str, dict[str, float]]] | None = None,
 ) -> tuple[dict[str, float], list[list[str]], list[str]]:
     """Cores the capacity model predicts for this run, per component: each class's rate as
     the pools served it (their access logs) times its CPU per request; the worker's as the
@@ -283,7 +358,34 @@ def model_prediction(
                 ]
             )
     cycle = cost.get("cycle per job")
-    if cycle is not None:
+    if cycles is not None:  # the cycle by its snapshot (bench.cycle_cost)
+        planned, running, terms = cycles
+        rate, placed_rate = planned / seconds, jobs_placed / seconds
+        for part, key in (("Celery worker", "cpu_ms"), ("PostgreSQL", "pg_ms")):
+            t = terms[key]
+            per_cycle = t["fixed"] + t["per node"] * nodes + t["per allocation"] * running
+            predicted[part] += (rate * per_cycle + placed_rate * t["per job placed"]) / 1000
+        t, p = terms["cpu_ms"], terms["pg_ms"]
+        rows.append(
+            [
+                f"cycles that planned (Celery worker): fixed + per node × {nodes} + per "
+                f"allocation × {running:.0f} running",
+                f"{rate:.2f}",
+                f"{t['fixed'] + t['per node'] * nodes + t['per allocation'] * running:.1f}",
+                f"{p['fixed'] + p['per node'] * nodes + p['per allocation'] * running:.1f}",
+                "–",
+            ]
+        )
+        rows.append(
+            [
+                "jobs placed, per job (Celery worker)",
+                f"{placed_rate:.2f}",
+                f"{t['per job placed']:.1f}",
+                f"{p['per job placed']:.1f}",
+                "–",
+            ]
+        )
+    elif cycle is not None:
         rate = jobs_placed / seconds
         predicted["Celery worker"] += rate * cycle["web_ms"] / 1000
         predicted["PostgreSQL"] += rate * cycle["pg_ms"] / 1000
@@ -382,6 +484,8 @@ def run(args: argparse.Namespace) -> None:
     agent_log = folder / "agent-access.log"
     stack.access_log = access_log
     stack.agent_access_log = agent_log if args.agent_workers else None
+    meter = folder / "tasks.json"
+    stack.task_meter = meter
     rec = Recorder()
     stop = threading.Event()
     try:
@@ -399,6 +503,7 @@ def run(args: argparse.Namespace) -> None:
         )
         time.sleep(args.ramp + 10)  # every node registered and heard from
         cycles: dict[float, float] = {}
+        running_seen: list[int] = []
         threads = [
             threading.Thread(
                 target=browse,
@@ -412,7 +517,9 @@ def run(args: argparse.Namespace) -> None:
                 target=submit, args=(rec, stack.url, api, args.submit_rate, stop), daemon=True
             )
         )
-        threads.append(threading.Thread(target=watch_cycles, args=(stop, cycles), daemon=True))
+        threads.append(
+            threading.Thread(target=watch_cycles, args=(stop, cycles, running_seen), daemon=True)
+        )
         groups = {
             "web (gunicorn)": stack.procs[0].pid,
             "Celery worker": stack.procs[1].pid,
@@ -428,6 +535,7 @@ def run(args: argparse.Namespace) -> None:
         pg = BackendsCpu(dbname)
         pg.start()
         cpu_before = cpu_seconds(groups, backends, redis_pids)
+        tasks_before = read_meter(meter)
         log_window = [access_log.stat().st_size, 0]
         agent_window = [agent_log.stat().st_size if args.agent_workers else 0, 0]
         (folder / "mark").touch()  # the agents' measured window starts
@@ -437,6 +545,7 @@ def run(args: argparse.Namespace) -> None:
         time.sleep(args.seconds)
         backends |= database_backends(dbname)
         cpu_after = cpu_seconds(groups, backends, redis_pids)
+        tasks_after = read_meter(meter)
         # this database's backends, sampled through the window (see BackendsCpu)
         pg_used = pg.finish()
         cpu_before["PostgreSQL"] = 0.0
@@ -482,6 +591,12 @@ def run(args: argparse.Namespace) -> None:
         f"invariants at the end: **{ok}**. Load average (1 / 5 / 15 min) when the measured "
         f"window began {fmt_load(load_at_start)}, when it ended {fmt_load(load_at_end)}."
     )
+    tasks = task_delta(tasks_before, tasks_after)
+    worker_cpu = cpu_after.get("Celery worker", 0.0) - cpu_before.get("Celery worker", 0.0)
+    tasks_md = task_table(tasks, seconds, worker_cpu)
+    planned = tasks.get("scheduler.cycle (planned)", (0, 0.0))[0]
+    mean_running = statistics.mean(running_seen) if running_seen else 0.0
+    terms = read_cycle_cost()
     cost = read_cost()
     model_md = ""
     data: dict[str, Any] = {"nodes": args.nodes, "seconds": seconds}
@@ -495,6 +610,7 @@ def run(args: argparse.Namespace) -> None:
             placed,
             args.nodes,
             None if at_rest else read_rest(),
+            None if terms is None else (planned, mean_running, terms),
         )
         model_md = "\n\n" + model_comparison(
             predicted, model_rows, unpriced, cpu_before, cpu_after, seconds
@@ -510,6 +626,7 @@ def run(args: argparse.Namespace) -> None:
         model_md += "\n\n<!-- load:data " + json.dumps(data, sort_keys=True) + " -->"
     print(table)
     print(cpu_table_md)
+    print(tasks_md)
     print(summary)
     print(gaps)
     print(model_md)
@@ -538,6 +655,10 @@ def run(args: argparse.Namespace) -> None:
         + table
         + "\n\nWhere the cores went during the measured window:\n\n"
         + cpu_table_md
+        + "\n\nThe Celery worker's CPU by task over the same window (each task's thread CPU "
+        "time, `bench.worker_meter`; a cycle *planned* when it read the snapshot; running "
+        f"jobs sampled every 2 s: mean {mean_running:.0f}):\n\n"
+        + tasks_md
         + "\n\n"
         + summary
         + "\n\n"

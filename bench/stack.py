@@ -167,6 +167,7 @@ class Stack:
         self.port, self.web_workers, self.queues = port, web_workers, queues
         self.access_log: Path | None = None  # set before start() to count requests served
         self.agent_access_log: Path | None = None  # the agent pool's, likewise
+        self.task_meter: Path | None = None  # set before start(): each task's CPU (worker_meter)
         self.agent_pool: subprocess.Popen[bytes] | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.swarms: list[subprocess.Popen[bytes]] = []
@@ -198,10 +199,12 @@ class Stack:
                 else ()
             ),
         )
+        if self.task_meter:
+            self.env["TASK_METER_FILE"] = str(self.task_meter)
         self._spawn(
             "celery",
             "-A",
-            "config",
+            "bench.worker_meter" if self.task_meter else "config",
             "worker",
             "-Q",
             self.queues,
