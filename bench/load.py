@@ -299,6 +299,38 @@ def task_table(tasks: dict[str, tuple[int, float]], seconds: float, worker_cpu: 
     )
 
 
+# The worker's tasks besides the cycles that plan and the periodic ones (in the fleet at rest):
+# each is priced per run from the last scaled run's meter, its rate counted in this one.
+EVENT_TASKS = {
+    "scheduler.job_notices": "job notices (a batch per transaction that started or ended jobs)",
+    "scheduler.cycle (another was running)": "cycle requests that found the cycle running "
+    "(retried after it, at most one waiting)",
+    "scheduler.model_availability_refresh": "model availability (pages, at most every 5 s)",
+}
+
+
+def read_task_prices(section: str) -> dict[str, float] | None:
+    """CPU ms per run of each event task, and per task message outside the tasks (key
+    `outside`), from the worker meter of the last run recorded in `section`."""
+    from bench import DOCS
+
+    found = re.search(
+        rf"<!-- bench:{section}:start -->.*?<!-- load:data (\{{.*?\}}) -->",
+        DOCS.read_text(encoding="utf-8"),
+        re.S,
+    )
+    if not found:
+        return None
+    data = json.loads(found.group(1))
+    tasks = data.get("tasks")
+    if not tasks:
+        return None
+    prices = {name: cpu * 1000 / count for name, (count, cpu) in tasks.items() if count}
+    messages = sum(count for count, _ in tasks.values())
+    prices["outside"] = data.get("outside", 0.0) * 1000 / max(1, messages)
+    return prices
+
+
 def read_rest() -> dict[str, Any] | None:
     """What the fleet at rest costs besides its requests (`--users 0 --submit-rate 0
     --section load_rest`): the worker's periodic tasks, and the PostgreSQL and Redis work
@@ -327,6 +359,7 @@ def model_prediction(
     nodes: int,
     rest: dict[str, Any] | None,
     cycles: tuple[int, float, dict[str, dict[str, float]]] | None = None,
+    tasks: tuple[dict[str, tuple[int, float]], dict[str, float]] | None = None,
 ) -> tuple[dict[str, float], list[list[str]], list[str]]:
     """Cores the capacity model predicts for this run, per component: each class's rate as
     the pools served it (their access logs) times its CPU per request; the worker's as the
@@ -385,6 +418,34 @@ def model_prediction(
                 "–",
             ]
         )
+        if tasks is not None:  # the event tasks, and Celery's own work per task message
+            counted, prices = tasks
+            messages = 0
+            for name, label in EVENT_TASKS.items():
+                runs = counted.get(name, (0, 0.0))[0]
+                messages += runs
+                if name in prices:
+                    predicted["Celery worker"] += runs / seconds * prices[name] / 1000
+                    rows.append(
+                        [
+                            f"{label} (Celery worker)",
+                            f"{runs / seconds:.2f}",
+                            f"{prices[name]:.1f}",
+                            "–",
+                            "–",
+                        ]
+                    )
+            messages += planned
+            predicted["Celery worker"] += messages / seconds * prices["outside"] / 1000
+            rows.append(
+                [
+                    "Celery's consumer per task message above (Celery worker)",
+                    f"{messages / seconds:.2f}",
+                    f"{prices['outside']:.1f}",
+                    "–",
+                    "–",
+                ]
+            )
     elif cycle is not None:
         rate = jobs_placed / seconds
         predicted["Celery worker"] += rate * cycle["web_ms"] / 1000
@@ -597,6 +658,7 @@ def run(args: argparse.Namespace) -> None:
     planned = tasks.get("scheduler.cycle (planned)", (0, 0.0))[0]
     mean_running = statistics.mean(running_seen) if running_seen else 0.0
     terms = read_cycle_cost()
+    prices = None if args.users == 0 else read_task_prices(args.section)
     cost = read_cost()
     model_md = ""
     data: dict[str, Any] = {"nodes": args.nodes, "seconds": seconds}
@@ -611,6 +673,7 @@ def run(args: argparse.Namespace) -> None:
             args.nodes,
             None if at_rest else read_rest(),
             None if terms is None else (planned, mean_running, terms),
+            None if prices is None else (tasks, prices),
         )
         model_md = "\n\n" + model_comparison(
             predicted, model_rows, unpriced, cpu_before, cpu_after, seconds
@@ -623,6 +686,8 @@ def run(args: argparse.Namespace) -> None:
             k: max(0.0, data["measured"][k] - data["predicted"][k])
             for k in ("Celery worker", "PostgreSQL", "Redis")
         }
+        data["tasks"] = {name: list(v) for name, v in sorted(tasks.items())}
+        data["outside"] = worker_cpu - sum(cpu for _, cpu in tasks.values())  # CPU s
         model_md += "\n\n<!-- load:data " + json.dumps(data, sort_keys=True) + " -->"
     print(table)
     print(cpu_table_md)
@@ -855,8 +920,11 @@ def model_comparison(
     body = (
         "The capacity model (docs/capacity.md) against this run, per component: predicted "
         "cores = Σ requests/s (as the pools' access logs counted them) × CPU per request "
-        "(`bench.endpoint_cost`), and jobs placed/s × the cycle's CPU per job for the "
-        "worker; measured = the component's CPU seconds over the window (from /proc).\n\n"
+        "(`bench.endpoint_cost`); for the worker, the cycles that planned × their cost by "
+        "snapshot and the jobs placed × their own (`bench.cycle_cost`), the event tasks as "
+        "the worker meter counted them × their CPU per run in the previous scaled run, and "
+        "Celery's consumer per task message; measured = the component's CPU seconds over "
+        "the window (from /proc).\n\n"
         + markdown_table(
             ["component", "predicted cores", "measured cores", "measured / predicted", ""],
             lines,
