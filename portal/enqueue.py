@@ -6,18 +6,25 @@ the routes in settings apply as if it were called directly.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from celery import current_app
+
+# One thread imports the tasks; the others wait for it. Without this, threads of a web worker
+# that miss a name at the same moment see the registry while the first is still importing, and
+# answer `NotRegistered` (a 500 under load).
+_importing = threading.Lock()
 
 
 def task_named(name: str) -> Any:
     """The task registered as `name`. A web process imports no `tasks.py` by itself: the first
     time a name is missing, every installed app's tasks are imported (Celery's autodiscovery,
     as a worker does at start), so the task's own options and routes apply."""
-    tasks = current_app.tasks
-    if name not in tasks:
-        current_app.loader.import_default_modules()
+    if name not in current_app.tasks:
+        with _importing:
+            if name not in current_app.tasks:
+                current_app.loader.import_default_modules()
     return current_app.tasks[name]
 
 
