@@ -285,14 +285,14 @@ def _meter_batch(
         update_conflicts=METER_FIELDS[1:],
         unique_fields=METER_FIELDS[:1],
     )
-    for alloc in Allocation.objects.filter(pk__in=faults).select_related("job").order_by("pk"):
-        account_id = accounts[alloc.job.project_id]
-        usage_fault_credit(alloc=alloc, account_id=account_id)
+    for faulty in Allocation.objects.filter(pk__in=faults).select_related("job").order_by("pk"):
+        account_id = accounts[faulty.job.project_id]
+        usage_fault_credit(alloc=faulty, account_id=account_id)
         # its months' coverage is worked out again: credited usage uses up no reservation
         touched.update(
             (account_id, period)
             for period in UsageRecord.objects.filter(
-                allocation=alloc, invoice__status=Invoice.Status.DRAFT
+                allocation=faulty, invoice__status=Invoice.Status.DRAFT
             )
             .values_list("period_start", flat=True)
             .distinct()
