@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from billing.services import MeterResult, usage_meter
@@ -117,8 +117,9 @@ class MeteringResult:
     meter: MeterResult = field(default_factory=lambda: MeterResult(0, 0, 0))
 
 
-class _Held(NamedTuple):
-    """An allocation already written for a run (what re-reading it compares)."""
+class _Open(NamedTuple):
+    """An allocation already written for a run and not metered to its end: what re-reading
+    the run compares (a metered one is final)."""
 
     pk: int
     job_id: int
@@ -126,7 +127,6 @@ class _Held(NamedTuple):
     started_at: datetime
     ended_at: datetime | None
     end_reason: str
-    metered: bool | None  # its meter is done (None: never metered)
 
 
 ALLOCATION_FIELDS = (
@@ -178,12 +178,14 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
             "pk", "borrowed", "gpu_model_id"
         )
     }
-    held: dict[tuple[int, int], list[_Held]] = defaultdict(list)
-    for row in Allocation.objects.filter(AnyOf(F("job_id"), job_ids)).values_list(
-        "pk", "job_id", "attempt", "started_at", "ended_at", "end_reason", "meter__done"
+    allocations = Allocation.objects.filter(AnyOf(F("job_id"), job_ids))
+    held = set(allocations.values_list("job_id", "attempt").distinct())
+    open_runs: dict[tuple[int, int], list[_Open]] = defaultdict(list)
+    for row in allocations.filter(Q(meter__isnull=True) | Q(meter__done=False)).values_list(
+        "pk", "job_id", "attempt", "started_at", "ended_at", "end_reason"
     ):
-        a = _Held._make(row)
-        held[(a.job_id, a.attempt)].append(a)
+        a = _Open._make(row)
+        open_runs[(a.job_id, a.attempt)].append(a)
     create: list[tuple[Any, ...]] = []
     update: list[tuple[int, datetime, datetime | None, str]] = []
     for run in runs:
@@ -195,10 +197,9 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
         if run.start is None or run.gpu_count == 0:
             continue  # never ran, or held no GPU: nothing to bill
         borrowed, job_model = jobs[job_id]
-        mine = held.get((job_id, run.attempt))
-        if mine:
-            for a in mine:
-                if not a.metered and (a.started_at != run.start or a.ended_at != run.end):
+        if (job_id, run.attempt) in held:
+            for a in open_runs.get((job_id, run.attempt), ()):
+                if a.started_at != run.start or a.ended_at != run.end:
                     reason = a.end_reason or ("completed" if run.end else "")
                     update.append((a.pk, run.start, run.end, reason))
             continue
@@ -240,7 +241,7 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
         result.allocations_updated = bulk_update_rows(
             Allocation, ["started_at", "ended_at", "end_reason"], update
         )
-    ids = list(Allocation.objects.filter(AnyOf(F("job_id"), job_ids)).values_list("pk", flat=True))
+    ids = list(allocations.values_list("pk", flat=True))
     result.meter = usage_meter(now=now, allocation_ids=ids) if ids else MeterResult(0, 0, 0)
     return result
 
