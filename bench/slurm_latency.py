@@ -1,13 +1,14 @@
 """Slurm-backed pools: hand-off and state latency against a real Slurm.
 
-    .venv/bin/python -m bench.slurm_latency [--rate 10] [--seconds 60] [--clients 4]
+    .venv/bin/python -m bench.slurm_latency [--rate 10] [--seconds 60] [--processes 2] [--clients 8]
 
 A real, throwaway Slurm cluster (scripts/test-slurm.sh, started here unless SLURM_CONF names
-one). Three processes, as in production (the API's web workers, the cycle's worker, beat's
+one). Separate processes, as in production (the API's web workers, the cycle's worker, beat's
 sync), so that none waits on another's interpreter lock:
-- the submitter offers `--rate` submits per second for `--seconds`, open loop: each submit
-  (`job_submit`, as the API calls it) starts at its due time on one of `--clients` threads,
-  whatever the earlier ones are doing (a slow submit delays no other);
+- `--processes` submitters offer together `--rate` submits per second for `--seconds`, open
+  loop: each submit (`job_submit`, as the API calls it) starts at its due time on one of its
+  process's `--clients` threads, whatever the earlier ones are doing (a slow submit delays no
+  other);
 - the hand-off (the cycle's `submit_queued`: sbatch) runs back to back;
 - the state sync (`sync_pool`: squeue/sacct/sinfo) runs back to back.
 Reported, p50/p95: submit → Slurm job id recorded on our job (from the submit's answer);
@@ -124,10 +125,17 @@ def _loop(kind: str, pool_id: int, stop: Any, results: Any) -> None:
 
 
 def _submitter(
-    user_id: int, project_id: int, pool_id: int, args: argparse.Namespace, results: Any
+    part: int,
+    user_id: int,
+    project_id: int,
+    pool_id: int,
+    t_start: float,
+    args: argparse.Namespace,
+    results: Any,
 ) -> None:
-    """A process offering `args.rate` submits per second, open loop, on `args.clients` threads:
-    each starts at its due time, whatever the ones before it are doing."""
+    """One of `args.processes` processes offering, together, `args.rate` submits per second
+    from `t_start` (this one every `args.processes`-th), open loop, each on `args.clients`
+    threads: a submit starts at its due time, whatever the ones before it are doing."""
     from django.db import connections
 
     from portal.models import Project, User
@@ -160,11 +168,10 @@ def _submitter(
         connections.close_all()
 
     executor = ThreadPoolExecutor(max_workers=args.clients)
-    t_start = time.time() + 0.5
     futures = []
     errors: list[str] = []
     try:
-        for i in range(n):
+        for i in range(part, n, args.processes):
             due = t_start + i / args.rate
             wait = due - time.time()
             if wait > 0:
@@ -206,14 +213,24 @@ def latency(args: argparse.Namespace) -> tuple[list[list[str]], dict[str, Any]]:
         ]
         for loop in loops:
             loop.start()
-        submitter = ctx.Process(
-            target=_submitter, args=(user.pk, project.pk, pool.pk, args, results)
-        )
-        submitter.start()
-        got: dict[str, Any] = {}
-        kind, value = results.get(timeout=args.seconds + 600)  # the submitter's (loops run on)
-        got[kind], errors = value
-        submitter.join()
+        t_start = time.time() + 2  # the submitters' processes are up by then
+        submitters = [
+            ctx.Process(
+                target=_submitter,
+                args=(k, user.pk, project.pk, pool.pk, t_start, args, results),
+            )
+            for k in range(args.processes)
+        ]
+        for sub in submitters:
+            sub.start()
+        got: dict[str, Any] = {"submits": []}
+        errors: list[str] = []
+        for _ in submitters:  # the submitters' answers come first (the loops run on)
+            kind, (done_, errors_) = results.get(timeout=args.seconds + 600)
+            got["submits"] += done_
+            errors += errors_
+        for sub in submitters:
+            sub.join()
         if errors:
             print(f"{len(errors)} submits failed, e.g. {errors[0]}", file=sys.stderr)
         submitted = {job: answered for job, _due, _started, answered in got["submits"]}
@@ -309,7 +326,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=10.0, help="submits per second")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long to submit")
-    ap.add_argument("--clients", type=int, default=4, help="submitting threads (open loop)")
+    ap.add_argument("--processes", type=int, default=2, help="submitting processes")
+    ap.add_argument("--clients", type=int, default=8, help="threads per submitting process")
     ap.add_argument("--drain", type=float, default=240.0, help="wait at most this for Slurm")
     ap.add_argument("--command", default="true", help="what each job runs")
     ap.add_argument("--no-docs", action="store_true")
@@ -324,7 +342,8 @@ def main() -> int:
         "## Slurm-backed pools: hand-off and state latency\n\n"
         f"    {command_line('bench.slurm_latency')}\n\n"
         f"Offered {info['offered']:.2f} submits/s ({info['submitted']} one-GPU jobs of "
-        f"`{args.command}` over {args.seconds:.0f} s, {args.clients} submitting threads; "
+        f"`{args.command}` over {args.seconds:.0f} s, {args.processes} submitting processes of "
+        f"{args.clients} threads; "
         f"{info['late']} submits started over 100 ms late, the latest "
         f"{info['max_late_ms']:.0f} ms; {info['errors']} failed) on the throwaway two-node cluster (8 A100 GRES); "
         f"{info['succeeded']} succeeded within the drain time.\n\n{table}\n"
