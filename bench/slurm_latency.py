@@ -104,12 +104,24 @@ def _loop(kind: str, pool_id: int, stop: Any, results: Any) -> None:
     """A process running the hand-off or the sync pass back to back until `stop`."""
     from django.db import connections
 
+    from scheduler.backends.slurm.client import Cluster
     from scheduler.backends.slurm.submit import submit_queued
     from scheduler.backends.slurm.sync import sync_pool
     from scheduler.models import Pool
 
     pool = Pool.objects.get(pk=pool_id)
     times: list[float] = []
+    commands: dict[str, list[float]] = {}  # Slurm command → its durations, in this process
+    run = Cluster.run
+
+    def timed(self: Cluster, args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return run(self, args, **kwargs)
+        finally:
+            commands.setdefault(f"{kind}: {args[0]}", []).append(time.perf_counter() - t0)
+
+    Cluster.run = timed  # type: ignore[method-assign]
     try:
         while not stop.is_set():
             t0 = time.perf_counter()
@@ -120,7 +132,7 @@ def _loop(kind: str, pool_id: int, stop: Any, results: Any) -> None:
             times.append(time.perf_counter() - t0)
             time.sleep(0.05)
     finally:
-        results.put((kind, times))
+        results.put((kind, (times, commands)))
         connections.close_all()
 
 
@@ -248,7 +260,7 @@ def latency(args: argparse.Namespace) -> tuple[list[list[str]], dict[str, Any]]:
         for loop in loops:
             loop.join(timeout=30)
         submits = got["submits"]
-        passes, handoffs = got["sync"], got["handoff"]
+        (passes, sync_commands), (handoffs, handoff_commands) = got["sync"], got["handoff"]
         first_due = min(due for _, due, _, _ in submits)
         last_start = max(started for _, _, started, _ in submits)
         offered = len(submits) / (last_start - first_due + 1 / args.rate)
@@ -304,6 +316,10 @@ def latency(args: argparse.Namespace) -> tuple[list[list[str]], dict[str, Any]]:
             ["sync pass (squeue + sacct + sinfo + writes)", f"{len(passes)}", *ms(passes)],
             ["hand-off pass (sbatch of what is queued)", f"{len(handoffs)}", *ms(handoffs)],
         ]
+        for name, values in sorted({**sync_commands, **handoff_commands}.items()):
+            rows.append(
+                [f"{name} (each call; max {max(values):.1f} s)", f"{len(values)}", *ms(values)]
+            )
         info = {
             "errors": len(errors),
             "offered": offered,
