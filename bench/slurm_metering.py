@@ -250,38 +250,12 @@ def check(result: dict[str, Any], label: str) -> None:
         raise SystemExit(f"{label}: re-reading the day changed the ledger: {result}")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=100_000)
-    ap.add_argument("--runs", type=int, default=3, help="runs of this tree at --records")
-    ap.add_argument("--baseline-rev", default=BASELINE_REV)
-    ap.add_argument("--pair-records", type=int, default=5000)
-    ap.add_argument("--pairs", type=int, default=2, help="baseline/this pairs (0: none)")
-    ap.add_argument("--no-docs", action="store_true")
-    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--workdir", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker is not None:
-        result = measure(args.worker, Path(args.workdir))
-        Path(args.out).write_text(json.dumps(result))
-        return 0
-
-    pairs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
-    big: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-baseline.") as tmp:
-        old = baseline_tree(args.baseline_rev, Path(tmp)) if args.pairs else REPO
-        for _ in range(args.pairs):
-            for label, tree in (("baseline", old), ("this", REPO)):
-                r = run_worker(tree, args.pair_records)
-                check(r, label)
-                pairs[label].append(r)
-                print(label, args.pair_records, json.dumps(r), flush=True)
-    for _ in range(args.runs):
-        r = run_worker(REPO, args.records)
-        check(r, "this")
-        big.append(r)
-        print("this", args.records, json.dumps(r), flush=True)
+def render(
+    args: argparse.Namespace,
+    pairs: dict[str, list[dict[str, Any]]],
+    big: list[dict[str, Any]],
+) -> str:
+    """The section for docs/benchmarks.md from the runs' results."""
 
     def rate(rs: list[dict[str, Any]], key: str) -> str:
         return spread([r["records"] / r[key] for r in rs], 0)
@@ -338,7 +312,43 @@ def main() -> int:
             + markdown_table(["metering", "value"], rows)
             + "\n"
         )
-    text = "\n".join(out)
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=3, help="runs of this tree at --records")
+    ap.add_argument("--baseline-rev", default=BASELINE_REV)
+    ap.add_argument("--pair-records", type=int, default=5000)
+    ap.add_argument("--pairs", type=int, default=2, help="baseline/this pairs (0: none)")
+    ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker is not None:
+        result = measure(args.worker, Path(args.workdir))
+        Path(args.out).write_text(json.dumps(result))
+        return 0
+
+    pairs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+    big: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-baseline.") as tmp:
+        old = baseline_tree(args.baseline_rev, Path(tmp)) if args.pairs else REPO
+        for _ in range(args.pairs):
+            for label, tree in (("baseline", old), ("this", REPO)):
+                r = run_worker(tree, args.pair_records)
+                check(r, label)
+                pairs[label].append(r)
+                print(label, args.pair_records, json.dumps(r), flush=True)
+    for _ in range(args.runs):
+        r = run_worker(REPO, args.records)
+        check(r, "this")
+        big.append(r)
+        print("this", args.records, json.dumps(r), flush=True)
+
+    text = render(args, pairs, big)
     print(text)
     if not args.no_docs:
         write_section("slurm_metering", text)
