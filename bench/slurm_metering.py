@@ -302,13 +302,13 @@ def render(
             ["usage records written (hourly slices)", f"{big[0]['after_first']['usage']:,}"],
             ["first read (`meter_day`): records/s", rate(big, "first_s")],
             ["first read: s", secs(big, "first_s")],
-            ["of which parsing alone (`parse_sacct`): s", secs(big, "parse_s")],
+            ["parsing alone (`parse_sacct`, timed apart): s", secs(big, "parse_s")],
             ["re-read of the same day (writes nothing): s", secs(big, "again_s")],
             ["fixtures (jobs, links; not timed): s", secs(big, "fixtures_s")],
             ["load average (1 min) after each", ", ".join(f"{x['load']:.1f}" for x in big)],
         ]
         out.append(
-            f"This tree at {args.records:,} records, {len(big)} runs:\n\n"
+            f"This tree at {args.records:,} records, {len(big)} run(s):\n\n"
             + markdown_table(["metering", "value"], rows)
             + "\n"
         )
