@@ -311,12 +311,23 @@ class UsageRecord(models.Model):
     never double-counts. Slices end at the allocation end, hour (so month) boundaries and price
     changes."""
 
+    # Foreign keys that lead an index of Meta (or the unique constraint) get no index of their
+    # own: every index is written for every usage record (`bench.slurm_metering`).
     allocation = models.ForeignKey(
-        "scheduler.Allocation", on_delete=models.PROTECT, related_name="usage_records"
+        "scheduler.Allocation",
+        on_delete=models.PROTECT,
+        related_name="usage_records",
+        db_index=False,
     )
-    job = models.ForeignKey("scheduler.Job", on_delete=models.PROTECT, related_name="+")
-    project = models.ForeignKey("portal.Project", on_delete=models.PROTECT, related_name="+")
-    account = models.ForeignKey(BillingAccount, on_delete=models.PROTECT, related_name="+")
+    job = models.ForeignKey(
+        "scheduler.Job", on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    project = models.ForeignKey(
+        "portal.Project", on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    account = models.ForeignKey(
+        BillingAccount, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     gpu_model = models.ForeignKey("scheduler.GpuModel", on_delete=models.PROTECT, related_name="+")
     price_version = models.ForeignKey(PriceVersion, on_delete=models.PROTECT, related_name="+")
     period_start = models.DateField(help_text="First day of the UTC month the slice is in.")
@@ -335,7 +346,12 @@ class UsageRecord(models.Model):
     )
     fault_credit = models.BooleanField(default=False, help_text="Credited by the fault policy.")
     invoice = models.ForeignKey(
-        "Invoice", null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records"
+        "Invoice",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_records",
+        db_index=False,
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

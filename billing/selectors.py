@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -127,13 +128,32 @@ def account_of(*, project: Project) -> BillingAccount | None:
 def stopped_by_budget_cap(alloc: Allocation) -> bool:
     """Whether the allocation's job was preempted by its budget's hard cap: the customer's
     budget, not a platform fault, so the fault policy does not credit it."""
-    return JobEvent.objects.filter(
-        job_id=alloc.job_id,
+    span = (alloc.pk, alloc.job_id, alloc.started_at, alloc.ended_at)
+    return alloc.pk in stopped_by_budget_cap_among([span])
+
+
+def stopped_by_budget_cap_among(
+    spans: Sequence[tuple[int, int, datetime, datetime | None]],
+) -> set[int]:
+    """`stopped_by_budget_cap` for many allocations in one read: of the spans (allocation
+    id, job id, started, ended or None while running), the allocation ids whose job a hard
+    budget cap preempted within the span."""
+    if not spans:
+        return set()
+    now = timezone.now()
+    stops: dict[int, list[datetime]] = defaultdict(list)
+    for job_id, at in JobEvent.objects.filter(
+        job_id__in={job_id for _, job_id, _, _ in spans},
         to_state=JobState.PREEMPTING,
         actor_label=CAP_ACTOR,
-        created_at__gte=alloc.started_at,
-        created_at__lte=alloc.ended_at or timezone.now(),
-    ).exists()
+        created_at__gte=min(start for _, _, start, _ in spans),
+    ).values_list("job_id", "created_at"):
+        stops[job_id].append(at)
+    return {
+        pk
+        for pk, job_id, start, end in spans
+        if any(start <= at <= (end or now) for at in stops.get(job_id, ()))
+    }
 
 
 def _fault_credited(alloc: Allocation) -> bool:

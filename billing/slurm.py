@@ -18,12 +18,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from billing.services import MeterResult, usage_meter
+from portal.db import AnyOf, bulk_update_rows, insert_rows
 from scheduler.backends.slurm.client import cluster_for
 from scheduler.backends.slurm.models import SlurmJob, SlurmPool
 from scheduler.backends.slurm.nodes import hostlist, mirror_name
@@ -115,16 +117,48 @@ class MeteringResult:
     meter: MeterResult = field(default_factory=lambda: MeterResult(0, 0, 0))
 
 
+class _Open(NamedTuple):
+    """An allocation already written for a run and not metered to its end: what re-reading
+    the run compares (a metered one is final)."""
+
+    pk: int
+    job_id: int
+    attempt: int
+    started_at: datetime
+    ended_at: datetime | None
+    end_reason: str
+
+
+ALLOCATION_FIELDS = (
+    "job",
+    "gpu",
+    "node",
+    "attempt",
+    "share_milli",
+    "memory_mib",
+    "billed_milli",
+    "gpu_model",
+    "borrowed",
+    "started_at",
+    "ended_at",
+    "end_reason",
+)
+
+
 def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> MeteringResult:
-    """Runs → allocations of our jobs → usage records (billing.usage_meter). Idempotent."""
+    """Runs → allocations of our jobs → usage records (billing.usage_meter). Idempotent.
+
+    Set-based (`bench.slurm_metering`): a fixed number of statements for any number of runs,
+    each id list one array parameter; allocations are written as plain rows."""
     now = now or timezone.now()
     cfg: SlurmPool = pool.slurm
     result = MeteringResult(runs=len(runs))
     links = dict(
-        SlurmJob.objects.filter(pool=pool, slurm_job_id__in={r.key for r in runs}).values_list(
-            "slurm_job_id", "job_id"
-        )
+        SlurmJob.objects.filter(pool=pool)
+        .filter(AnyOf(F("slurm_job_id"), sorted({r.key for r in runs})))
+        .values_list("slurm_job_id", "job_id")
     )
+    job_ids = sorted(set(links.values()))
     by_type = {str(v): k for k, v in cfg.gpu_types.items()}
     models = dict(GpuModel.objects.filter(name__in=list(cfg.gpu_types)).values_list("name", "pk"))
     nodes = dict(
@@ -137,21 +171,23 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
         .values_list("pk", "node_id", "model_id")
     ):
         gpus_of[node_id].append((pk, model_id))
+    model_of = {g: m for gs in gpus_of.values() for g, m in gs}
     jobs = {
         pk: (borrowed, gpu_model_id)
-        for pk, borrowed, gpu_model_id in Job.objects.filter(pk__in=links.values()).values_list(
+        for pk, borrowed, gpu_model_id in Job.objects.filter(AnyOf(F("pk"), job_ids)).values_list(
             "pk", "borrowed", "gpu_model_id"
         )
     }
-    existing: dict[tuple[int, int, int], Allocation] = {
-        (a.job_id, a.gpu_id, a.attempt): a
-        for a in Allocation.objects.filter(job_id__in=links.values()).select_related("meter")
-    }
-    held: dict[tuple[int, int], list[Allocation]] = defaultdict(list)
-    for a in existing.values():
-        held[(a.job_id, a.attempt)].append(a)
-    create: list[Allocation] = []
-    update: list[Allocation] = []
+    allocations = Allocation.objects.filter(AnyOf(F("job_id"), job_ids))
+    held = set(allocations.values_list("job_id", "attempt").distinct())
+    open_runs: dict[tuple[int, int], list[_Open]] = defaultdict(list)
+    for row in allocations.filter(Q(meter__isnull=True) | Q(meter__done=False)).values_list(
+        "pk", "job_id", "attempt", "started_at", "ended_at", "end_reason"
+    ):
+        a = _Open._make(row)
+        open_runs[(a.job_id, a.attempt)].append(a)
+    create: list[tuple[Any, ...]] = []
+    update: list[tuple[int, datetime, datetime | None, str]] = []
     for run in runs:
         job_id = links.get(run.key)
         if job_id is None:
@@ -161,14 +197,11 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
         if run.start is None or run.gpu_count == 0:
             continue  # never ran, or held no GPU: nothing to bill
         borrowed, job_model = jobs[job_id]
-        mine = held.get((job_id, run.attempt))
-        if mine:
-            for a in mine:
-                done = getattr(a, "meter", None) is not None and a.meter.done
-                if not done and (a.started_at != run.start or a.ended_at != run.end):
-                    a.started_at, a.ended_at = run.start, run.end
-                    a.end_reason = a.end_reason or ("completed" if run.end else "")
-                    update.append(a)
+        if (job_id, run.attempt) in held:
+            for a in open_runs.get((job_id, run.attempt), ()):
+                if a.started_at != run.start or a.ended_at != run.end:
+                    reason = a.end_reason or ("completed" if run.end else "")
+                    update.append((a.pk, run.start, run.end, reason))
             continue
         # the sync never saw this run: its GPUs are the first of each node (sacct does not
         # name GPU indexes; only the count and the model matter to the ledger)
@@ -184,31 +217,31 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
             for node_id in node_ids:
                 free = [g for g in gpus_of[node_id] if model_pk is None or g[1] == model_pk]
                 wanted.extend((node_id, g[0]) for g in free[:per_node])
-        model_of = {g: m for gs in gpus_of.values() for g, m in gs}
         for node_id, gpu_pk in wanted:
             create.append(
-                Allocation(
-                    job_id=job_id,
-                    gpu_id=gpu_pk,
-                    node_id=node_id,
-                    attempt=run.attempt,
-                    share_milli=1000,
-                    billed_milli=1000,  # a whole GPU
-                    gpu_model_id=model_of[gpu_pk],
-                    borrowed=borrowed,
-                    started_at=run.start,
-                    ended_at=run.end,
-                    end_reason="completed" if run.end else "",
+                (
+                    job_id,
+                    gpu_pk,
+                    node_id,
+                    run.attempt,
+                    1000,  # share_milli: a whole GPU
+                    0,  # memory_mib: the whole GPU's
+                    1000,  # billed_milli: a whole GPU
+                    model_of[gpu_pk],
+                    borrowed,
+                    run.start,
+                    run.end,
+                    "completed" if run.end else "",
                 )
             )
     with transaction.atomic():
-        made = Allocation.objects.bulk_create(create, ignore_conflicts=True, batch_size=2000)
-        Allocation.objects.bulk_update(update, ["started_at", "ended_at", "end_reason"], 2000)
-    result.allocations_created = len(made)
-    result.allocations_updated = len(update)
-    ids = list(
-        Allocation.objects.filter(job_id__in=set(links.values())).values_list("pk", flat=True)
-    )
+        result.allocations_created = insert_rows(
+            Allocation, ALLOCATION_FIELDS, create, ignore_conflicts=True
+        )
+        result.allocations_updated = bulk_update_rows(
+            Allocation, ["started_at", "ended_at", "end_reason"], update
+        )
+    ids = list(allocations.values_list("pk", flat=True))
     result.meter = usage_meter(now=now, allocation_ids=ids) if ids else MeterResult(0, 0, 0)
     return result
 

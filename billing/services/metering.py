@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
+from decimal import Decimal
+from typing import NamedTuple
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from billing import pricing
@@ -20,12 +23,13 @@ from billing.models import (
 )
 from billing.pricing import period_bounds, period_of
 from billing.rates import PriceTable
-from billing.selectors import stopped_by_budget_cap
+from billing.selectors import stopped_by_budget_cap_among
 from billing.services.accounts import accounts_for_projects
 from billing.services.corrections import usage_fault_credit
 from billing.services.coverage import usage_apply_coverage
 from billing.services.drafts import draft_invoice
 from billing.services.prices import price_list_seed
+from portal.db import AnyOf, insert_rows
 from portal.errors import DomainError
 from scheduler.models import Allocation
 
@@ -37,48 +41,128 @@ class MeterResult:
     credited: int
 
 
+class _Meterable(NamedTuple):
+    """What metering reads of an allocation (with its job and its meter), one row each."""
+
+    pk: int
+    job_id: int
+    project_id: int
+    preemptible: bool
+    checkpoint_dir: str
+    borrowed: bool
+    gpu_model_id: int
+    share_milli: int
+    billed_milli: int | None
+    started_at: datetime
+    ended_at: datetime | None
+    end_reason: str
+    fault_corroborated_at: datetime | None
+    metered_until: datetime | None  # None: never metered
+    fault_credited: bool | None
+
+
+_METERABLE_COLUMNS = (
+    "pk",
+    "job_id",
+    "job__project_id",
+    "job__preemptible",
+    "job__checkpoint_dir",
+    "borrowed",
+    "gpu_model_id",
+    "share_milli",
+    "billed_milli",
+    "started_at",
+    "ended_at",
+    "end_reason",
+    "fault_corroborated_at",
+    "meter__metered_until",
+    "meter__fault_credited",
+)
+
+
+class _UsageRow(NamedTuple):
+    """One usage record as written (`USAGE_FIELDS` order)."""
+
+    allocation: int
+    job: int
+    project: int
+    account: int
+    gpu_model: int
+    price_version: int
+    period_start: date
+    slice_start: datetime
+    slice_end: datetime
+    seconds: int
+    share_milli: int
+    billed_milli: int
+    milli_seconds: int
+    covered_milli_seconds: int
+    tier: str
+    rate: Decimal
+    gross_amount: Decimal
+    amount: Decimal
+    fault_credit: bool
+    created_at: datetime
+    invoice: int | None
+
+
+USAGE_FIELDS = _UsageRow._fields
+METER_FIELDS = ("allocation", "metered_until", "done", "fault_credited")
+
+
 def usage_meter(
     *,
     now: datetime | None = None,
-    allocation_ids: list[int] | None = None,
+    allocation_ids: Collection[int] | None = None,
     project_ids: set[int] | None = None,
-    chunk: int = 500,
+    chunk: int = 1000,
 ) -> MeterResult:
     """Meter allocations into usage records, per second, sliced at the allocation end, every
     hour (so every month boundary) and every price change. Running allocations are metered to
     the last whole hour; the open hour is estimated on the fly by readers. Idempotent: slices
-    are deterministic and unique per (allocation, slice start)."""
+    are deterministic and unique per (allocation, slice start).
+
+    Set-based (`bench.slurm_metering`): each batch of `chunk` allocations is one read of plain
+    rows, its slices go in one insert (`portal.db.insert_rows`, existing slices skipped by the
+    unique constraint) and its meters in one upsert; only the rare allocations that need more
+    (a share frozen before it was kept, a fault to credit) are loaded as models."""
     now = now or timezone.now()
     horizon = pricing.floor_hour(now)
     price_list_seed()
     table = PriceTable.load()
-    qs = (
-        Allocation.objects.filter(started_at__lt=now)
-        .filter(
-            Q(meter__isnull=True)
-            | Q(meter__done=False)
-            # metered before its GPU fault was corroborated: credited now
-            | Q(
-                meter__fault_credited=False,
-                end_reason=pricing.GPU_FAULT,
-                fault_corroborated_at__isnull=False,
-            )
+    qs = Allocation.objects.filter(started_at__lt=now).filter(
+        Q(meter__isnull=True)
+        | Q(meter__done=False)
+        # metered before its GPU fault was corroborated: credited now
+        | Q(
+            meter__fault_credited=False,
+            end_reason=pricing.GPU_FAULT,
+            fault_corroborated_at__isnull=False,
         )
-        .select_related("job", "gpu", "meter")
-        .order_by("pk")
     )
-    if allocation_ids is not None:
-        qs = qs.filter(pk__in=allocation_ids)
     if project_ids is not None:
         qs = qs.filter(job__project_id__in=project_ids)
+
+    def read(batch: QuerySet[Allocation]) -> list[_Meterable]:
+        return [_Meterable._make(row) for row in batch.values_list(*_METERABLE_COLUMNS)]
+
+    def batches() -> Iterator[list[_Meterable]]:
+        if allocation_ids is not None:
+            # one array parameter per batch, however many ids were asked for
+            ids = sorted(set(allocation_ids))
+            for k in range(0, len(ids), chunk):
+                yield read(qs.filter(AnyOf(F("pk"), ids[k : k + chunk])).order_by("pk"))
+            return
+        last_pk = 0
+        while batch := read(qs.filter(pk__gt=last_pk).order_by("pk")[:chunk]):
+            last_pk = batch[-1].pk
+            yield batch
+
     total = MeterResult(0, 0, 0)
-    last_pk = 0
     touched: set[tuple[int, date]] = set()
-    while True:
-        batch = list(qs.filter(pk__gt=last_pk)[:chunk])
+    for batch in batches():
         if not batch:
-            break
-        last_pk = batch[-1].pk
+            continue
         result = _meter_batch(batch, table=table, horizon=horizon, now=now, touched=touched)
         total = MeterResult(
             total.allocations + result.allocations,
@@ -98,96 +182,117 @@ def usage_meter(
 
 @transaction.atomic
 def _meter_batch(
-    batch: list[Allocation],
+    batch: list[_Meterable],
     *,
     table: PriceTable,
     horizon: datetime,
     now: datetime,
     touched: set[tuple[int, date]],
 ) -> MeterResult:
-    accounts = accounts_for_projects({a.job.project_id for a in batch})
-    records: list[UsageRecord] = []
-    meters: list[AllocationMeter] = []
-    faults: list[Allocation] = []
+    accounts = accounts_for_projects({a.project_id for a in batch})
+    # rows placed before the billed share was kept: the rule, on their GPU as it is now
+    legacy = {
+        a.pk: a.billed_share()
+        for a in Allocation.objects.filter(
+            pk__in=[a.pk for a in batch if a.billed_milli is None]
+        ).select_related("gpu")
+    }
+    written_at = timezone.now()
+    rates: dict[tuple[int, bool], Decimal] = {}
+    records: list[_UsageRow] = []
+    meters: list[tuple[int, datetime, bool, bool]] = []
+    credit: list[_Meterable] = []
+    preempted: list[_Meterable] = []
     for alloc in batch:
         start = pricing.floor_second(alloc.started_at)
-        existing: AllocationMeter | None = getattr(alloc, "meter", None)
         if alloc.ended_at is not None and alloc.ended_at <= now:
             end, done = max(start, pricing.floor_second(alloc.ended_at)), True
         else:
             end, done = max(start, horizon), False
-        begin = max(start, existing.metered_until) if existing is not None else start
-        tier = Tier.PREEMPTIBLE if (alloc.job.preemptible or alloc.borrowed) else Tier.ON_DEMAND
-        billed = alloc.billed_share()  # frozen at placement
-        account_id = accounts[alloc.job.project_id]
+        metered = alloc.metered_until
+        begin = max(start, metered) if metered is not None else start
+        preemptible = alloc.preemptible or alloc.borrowed
+        tier = (Tier.PREEMPTIBLE if preemptible else Tier.ON_DEMAND).value
+        billed = alloc.billed_milli if alloc.billed_milli is not None else legacy[alloc.pk]
+        account_id = accounts[alloc.project_id]
         cuts = table.changes_within(alloc.gpu_model_id, begin, end)
         for left, right in pricing.slice_interval(begin, end, cuts):
             version = table.at(alloc.gpu_model_id, left)
             if version is None:  # unreachable after price_list_seed; never bill a guess
                 raise DomainError(f"No price for GPU model {alloc.gpu_model_id} at {left}.")
-            rate = version.rate(preemptible=tier == Tier.PREEMPTIBLE)
+            rate = rates.get((version.pk, preemptible))
+            if rate is None:
+                rate = rates[(version.pk, preemptible)] = version.rate(preemptible=preemptible)
             seconds = int((right - left).total_seconds())
             milli_seconds = seconds * billed
             gross = pricing.usage_amount(milli_seconds, rate)
-            period = period_of(left)
-            touched.add((account_id, period))
             records.append(
-                UsageRecord(
-                    allocation_id=alloc.pk,
-                    job_id=alloc.job_id,
-                    project_id=alloc.job.project_id,
-                    account_id=account_id,
-                    gpu_model_id=alloc.gpu_model_id,
-                    price_version_id=version.pk,
-                    period_start=period,
+                _UsageRow(
+                    allocation=alloc.pk,
+                    job=alloc.job_id,
+                    project=alloc.project_id,
+                    account=account_id,
+                    gpu_model=alloc.gpu_model_id,
+                    price_version=version.pk,
+                    period_start=period_of(left),
                     slice_start=left,
                     slice_end=right,
                     seconds=seconds,
                     share_milli=alloc.share_milli,
                     billed_milli=billed,
                     milli_seconds=milli_seconds,
+                    covered_milli_seconds=0,  # coverage is worked out after the batch
                     tier=tier,
                     rate=rate,
                     gross_amount=gross,
                     amount=gross,
+                    fault_credit=False,  # the fault policy marks it below
+                    created_at=written_at,
+                    invoice=None,
                 )
             )
         credited = done and pricing.fault_credited(
             end_reason=alloc.end_reason,
-            preemptible=tier == Tier.PREEMPTIBLE,
-            has_checkpoint=bool(alloc.job.checkpoint_dir),
+            preemptible=preemptible,
+            has_checkpoint=bool(alloc.checkpoint_dir),
             corroborated=alloc.fault_corroborated_at is not None,
         )
-        if credited and alloc.end_reason == Allocation.EndReason.PREEMPTED:
-            credited = not stopped_by_budget_cap(alloc)  # the customer's cap, not a fault
-        if credited and not (existing is not None and existing.fault_credited):
-            faults.append(alloc)
-        meters.append(
-            AllocationMeter(
-                allocation_id=alloc.pk,
-                metered_until=max(begin, end),
-                done=done,
-                fault_credited=credited,
-            )
-        )
-    pages = _open_pages({(r.account_id, r.period_start) for r in records})
-    for record in records:
-        record.invoice_id = pages[(record.account_id, record.period_start)]
-    UsageRecord.objects.bulk_create(records, ignore_conflicts=True, batch_size=2000)
-    AllocationMeter.objects.bulk_create(
-        meters,
-        update_conflicts=True,
-        unique_fields=["allocation"],
-        update_fields=["metered_until", "done", "fault_credited"],
+        if credited:
+            credit.append(alloc)
+            if alloc.end_reason == Allocation.EndReason.PREEMPTED:
+                preempted.append(alloc)
+        meters.append((alloc.pk, max(begin, end), done, credited))
+    # the customer's cap, not a fault: one read for the batch's preempted allocations
+    capped = stopped_by_budget_cap_among(
+        [(a.pk, a.job_id, a.started_at, a.ended_at) for a in preempted]
     )
-    for alloc in faults:
-        usage_fault_credit(alloc=alloc, account_id=accounts[alloc.job.project_id])
+    if capped:
+        meters = [(pk, until, done, ok and pk not in capped) for pk, until, done, ok in meters]
+    faults = [a.pk for a in credit if a.pk not in capped and not a.fault_credited]
+    pairs = {(r.account, r.period_start) for r in records}
+    touched.update(pairs)
+    pages = _open_pages(pairs)
+    insert_rows(
+        UsageRecord,
+        USAGE_FIELDS,
+        [r._replace(invoice=pages[(r.account, r.period_start)]) for r in records],
+        ignore_conflicts=True,
+    )
+    insert_rows(
+        AllocationMeter,
+        METER_FIELDS,
+        meters,
+        update_conflicts=METER_FIELDS[1:],
+        unique_fields=METER_FIELDS[:1],
+    )
+    for faulty in Allocation.objects.filter(pk__in=faults).select_related("job").order_by("pk"):
+        account_id = accounts[faulty.job.project_id]
+        usage_fault_credit(alloc=faulty, account_id=account_id)
         # its months' coverage is worked out again: credited usage uses up no reservation
-        account_id = accounts[alloc.job.project_id]
         touched.update(
             (account_id, period)
             for period in UsageRecord.objects.filter(
-                allocation=alloc, invoice__status=Invoice.Status.DRAFT
+                allocation=faulty, invoice__status=Invoice.Status.DRAFT
             )
             .values_list("period_start", flat=True)
             .distinct()

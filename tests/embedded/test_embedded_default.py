@@ -95,6 +95,32 @@ def test_bulk_writes_fall_back_to_the_orm(placed_job):
     assert JobEvent.objects.filter(pk__in=[e.pk for e in events]).count() == 3
 
 
+def test_metering_writes_fall_back_to_the_orm(placed_job):
+    """`usage_meter`'s plain-row writes (slices skipped on conflict, meters overwritten) and
+    its array-parameter reads, on SQLite: twice over an ended allocation writes it once."""
+    from billing.models import AllocationMeter, UsageRecord
+    from billing.services import usage_meter
+
+    alloc = Allocation.objects.get(job=placed_job)
+    start = alloc.started_at.replace(minute=50, second=0, microsecond=0) - timedelta(hours=3)
+    Allocation.objects.filter(pk=alloc.pk).update(
+        started_at=start, ended_at=start + timedelta(minutes=15), end_reason="completed"
+    )
+    now = start + timedelta(hours=2)
+    first = usage_meter(now=now, allocation_ids=[alloc.pk])
+    assert (first.allocations, first.records) == (1, 2)  # :50 to :00, :00 to :05
+    slices = list(UsageRecord.objects.filter(allocation=alloc).values_list("seconds", "amount"))
+    assert sorted(s for s, _ in slices) == [300, 600] and all(a > 0 for _, a in slices)
+    meter = AllocationMeter.objects.get(allocation=alloc)
+    assert meter.done and meter.metered_until == start + timedelta(minutes=15)
+    # the meter cursor set back (as if a crash lost it): slices are skipped, the meter rewritten
+    AllocationMeter.objects.filter(allocation=alloc).update(metered_until=start, done=False)
+    again = usage_meter(now=now, allocation_ids=[alloc.pk])
+    assert again.records == 2
+    assert UsageRecord.objects.filter(allocation=alloc).count() == 2
+    assert AllocationMeter.objects.get(allocation=alloc).done
+
+
 def test_locks_and_throttle_windows_use_the_cache():
     lock_clear("embedded-test")
     with single_flight("embedded-test", ttl=30) as held:

@@ -275,9 +275,22 @@ def test_quota_becomes_a_slurm_limit_and_its_reason_shows(
     slurm_pool, team, api, wait_for, django_capture_on_commit_callbacks
 ):
     project = team["a"]
-    Quota.objects.filter(project=project).update(max_gpus=2, allow_borrowing=False)  # no signal
+    Quota.objects.filter(project=project).update(
+        max_gpus=2, max_gpus_per_job=3, allow_borrowing=False
+    )  # no signal
     ensure_account(slurm_pool.slurm, project)
     assert account_limits(cluster(), "alpha").startswith("gres/gpu=2")
+    assert account_limits(cluster(), "alpha", "maxtres") == "gres/gpu=3"
+    # a job bigger than the quota's GPUs per job, submitted to Slurm directly, waits there
+    too_big = slurm(
+        "sbatch", "--parsable", "-A", "alpha", "--gres=gpu:a100:4", "-o", "/dev/null",
+        "--wrap", "true",
+    ).strip()  # fmt: skip
+    deadline = time.monotonic() + 15
+    while squeue_field(too_big, "%r") != "AssocMaxGRESPerJob":
+        assert time.monotonic() < deadline, squeue_field(too_big, "%T %r")
+        time.sleep(0.2)
+    slurm("scancel", too_big)
     # work submitted to Slurm directly, under the project's account, holds the two GPUs
     direct = slurm(
         "sbatch",
@@ -304,7 +317,7 @@ def test_quota_becomes_a_slurm_limit_and_its_reason_shows(
     from config.celery import app
 
     quota = Quota.objects.get(project=project)
-    quota.max_gpus = 6
+    quota.max_gpus, quota.max_gpus_per_job = 6, 4
     app.conf.task_always_eager = True  # the task runs here, no worker in this test
     try:
         with django_capture_on_commit_callbacks(execute=True):
@@ -312,6 +325,7 @@ def test_quota_becomes_a_slurm_limit_and_its_reason_shows(
     finally:
         app.conf.task_always_eager = False
     assert account_limits(cluster(), "alpha").startswith("gres/gpu=6")
+    assert account_limits(cluster(), "alpha", "maxtres") == "gres/gpu=4"
     # and the portal's own admission still answers first
     too_many = api(team["member"]).post(
         "/api/v1/jobs",

@@ -5,7 +5,11 @@ first with its own reasons; Slurm's limits are the floor under it.
 - account name = the project's slug; the portal's submit user gets an association in it with
   every QOS of the pool;
 - Quota.max_gpus → GrpTRES=gres/gpu=N (blank: -1, no limit);
-- each per-model limit → GrpTRES=gres/gpu:<type>=N for the model's GRES type.
+- each per-model limit → GrpTRES=gres/gpu:<type>=N for the model's GRES type;
+- Quota.max_gpus_per_job → MaxTRESPerJob=gres/gpu=N (a bigger job waits in Slurm with
+  `AssocMaxGRESPerJob`).
+Fair share needs nothing more: one account per project gives every project its own
+association, and Slurm's fair-share factor weighs each account's usage against its shares.
 """
 
 from __future__ import annotations
@@ -67,18 +71,32 @@ def grp_tres(cfg: SlurmPool, quota: Quota | None) -> str:
     return ",".join(parts)
 
 
+def max_tres_per_job(quota: Quota | None) -> str:
+    """The MaxTRESPerJob value for a quota: `gres/gpu=N`, -1 for unlimited."""
+    return f"gres/gpu={quota.max_gpus_per_job if quota is not None else -1}"
+
+
 def sync_limits(cfg: SlurmPool, project: Project) -> str:
-    """Write the project's quota as the account's GrpTRES. Returns the value written."""
+    """Write the project's quota as the account's GrpTRES and MaxTRESPerJob. Returns the
+    GrpTRES value written."""
     quota = Quota.objects.filter(project=project).first()
     value = grp_tres(cfg, quota)
     cluster = cluster_for(cfg.pool)
-    cluster.sacctmgr("modify", "account", project.slug, "set", f"GrpTRES={value}")
+    cluster.sacctmgr(
+        "modify",
+        "account",
+        project.slug,
+        "set",
+        f"GrpTRES={value}",
+        f"MaxTRESPerJob={max_tres_per_job(quota)}",
+    )
     return value
 
 
-def account_limits(cluster: Cluster, account: str) -> str:
-    """The account's GrpTRES as Slurm holds it (for pages and tests)."""
-    out = cluster.sacctmgr("show", "assoc", "format=account,user,grptres", f"account={account}")
+def account_limits(cluster: Cluster, account: str, limit: str = "grptres") -> str:
+    """One of the account's limits as Slurm holds it (`grptres`, `maxtres`: its
+    MaxTRESPerJob), for pages and tests."""
+    out = cluster.sacctmgr("show", "assoc", f"format=account,user,{limit}", f"account={account}")
     for line in out.splitlines()[1:]:
         acct, user, tres = [*line.split("|"), "", "", ""][:3]
         if acct == account and not user:
