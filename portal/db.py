@@ -253,7 +253,32 @@ def instance_from_row(model: type[ModelT], row: Sequence[Any]) -> ModelT:
 # Statements kept per model for 1 to this many rows (a job's events, one audit event); larger
 # batches vary in size and go to `bulk_create`, so the cache stays small.
 INSERT_SQL_MAX_ROWS = 8
-_INSERT_SQL: dict[tuple[type[models.Model], int], tuple[str, list[Field[Any, Any]]]] = {}
+# Per model: its fields, each with the one type of value (besides None) whose database value
+# is that value itself (`_plain_type`), or None where every value is prepared.
+_INSERT_FIELDS: dict[type[models.Model], list[tuple[Field[Any, Any], str, type | None]]] = {}
+_INSERT_SQL: dict[tuple[type[models.Model], int], str] = {}
+# Exact field classes (a subclass may prepare its values otherwise) whose `pre_save` and
+# `get_db_prep_save` return a value of this type unchanged on PostgreSQL (None too).
+_PLAIN_INSERT: dict[type, type] = {
+    models.AutoField: int,
+    models.BigAutoField: int,
+    models.BigIntegerField: int,
+    models.BooleanField: bool,
+    models.CharField: str,
+    models.IntegerField: int,
+    models.PositiveBigIntegerField: int,
+    models.PositiveIntegerField: int,
+    models.PositiveSmallIntegerField: int,
+    models.SmallIntegerField: int,
+    models.TextField: str,
+}
+_NOT_SET = object()
+
+
+def _plain_type(field: Field[Any, Any]) -> type | None:
+    if type(field) is models.ForeignKey:
+        field = field.target_field
+    return _PLAIN_INSERT.get(type(field))
 
 
 def insert_instances(objs: Sequence[models.Model]) -> None:
@@ -261,10 +286,11 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
 
     What `bulk_create` does, each field's `pre_save` (`auto_now_add`) and preparation for the
     database included, but with the SQL built once per model and row count (up to
-    `INSERT_SQL_MAX_ROWS`), not per call:
-    the submit path writes a job, its events and an audit event on every request. Primary keys
-    are set from RETURNING. No signals, as with `bulk_create`. PostgreSQL; elsewhere it is
-    `bulk_create`.
+    `INSERT_SQL_MAX_ROWS`), not per call, and a plain field's value (an int of a number field
+    or of a foreign key to an integer key, a str of a text field, a bool of a boolean, None)
+    passed as it is, which is what its preparation would return: the submit path writes a
+    job, its events and an audit event on every request (`bench.submit_cost`). Primary keys are set from
+    RETURNING. No signals, as with `bulk_create`. PostgreSQL; elsewhere it is `bulk_create`.
     """
     if not objs:
         return
@@ -272,23 +298,40 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
     if connection.vendor != "postgresql" or len(objs) > INSERT_SQL_MAX_ROWS:
         model._default_manager.bulk_create(objs)  # large batches: Django's `unnest` insert
         return
+    plan = _INSERT_FIELDS.get(model)
+    if plan is None:
+        plan = [
+            (f, f.attname, _plain_type(f)) for f in model._meta.concrete_fields if not f.primary_key
+        ]
+        _INSERT_FIELDS[model] = plan
     key = (model, len(objs))
-    if key not in _INSERT_SQL:
+    sql = _INSERT_SQL.get(key)
+    if sql is None:
         opts, qn = model._meta, connection.ops.quote_name
-        fields = [f for f in opts.concrete_fields if not f.primary_key]
-        row = "(" + ", ".join(["%s"] * len(fields)) + ")"
-        columns = ", ".join(qn(str(f.column)) for f in fields)
+        row = "(" + ", ".join(["%s"] * len(plan)) + ")"
+        columns = ", ".join(qn(str(f.column)) for f, _, _ in plan)
         sql = (
             f"INSERT INTO {qn(opts.db_table)} ({columns}) "  # noqa: S608 - names from _meta
             f"VALUES {', '.join([row] * len(objs))} RETURNING {qn(str(opts.pk.column))}"
         )
-        _INSERT_SQL[key] = (sql, fields)
-    sql, fields = _INSERT_SQL[key]
-    params = [
-        field.get_db_prep_save(field.pre_save(obj, True), connection)
-        for obj in objs
-        for field in fields
-    ]
+        _INSERT_SQL[key] = sql
+    params: list[Any] = []
+    append = params.append
+    for obj in objs:
+        values = obj.__dict__
+        for field, attname, plain in plan:
+            if plain is not None:
+                value = values.get(attname, _NOT_SET)
+                # `is`: True is no int here, and IntegerChoices members become ints; a str
+                # subclass (TextChoices) is kept as it is by its preparation too
+                if (
+                    value is None
+                    or type(value) is plain
+                    or (plain is str and isinstance(value, str))
+                ):
+                    append(value)
+                    continue
+            append(field.get_db_prep_save(field.pre_save(obj, True), connection))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         pks = [row[0] for row in cursor.fetchall()]  # in the order of VALUES

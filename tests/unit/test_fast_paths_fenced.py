@@ -18,6 +18,8 @@ FENCED = {
         re.compile(r"\bCompiledQuery\("),
         {
             "portal/db.py",
+            "portal/selectors.py",  # the submission's project and the member's role
+            "scheduler/admission.py",  # the submission's count of its project's queue
             "scheduler/cycle_reads.py",
             "scheduler/selectors.py",  # the submission's GPU model
             "billing/admission.py",  # the submission's payment standing and budget
