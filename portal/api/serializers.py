@@ -47,6 +47,11 @@ class PrototypeFieldsMixin:
 
     @cached_property
     def fields(self) -> BindingDict:
+        if type(self).get_fields is not PrototypeFieldsMixin.get_fields:
+            bound = BindingDict(self)  # a subclass builds its own fields: DRF's way
+            for name, field in self.get_fields().items():
+                bound[name] = field
+            return bound
         bound = BindingDict(self)
         for name, field in self._prototypes().items():
             if isinstance(field, serializers.BaseSerializer):
