@@ -34,7 +34,11 @@ from portal.api.serializers import PrototypeFieldsMixin, StrictSerializer
 from portal.errors import NotFound
 from portal.models import Project, User
 from portal.params import whole_number
-from portal.ratelimit import FixedWindowScopedThrottle, scope_allows
+from portal.ratelimit import (
+    FixedWindowScopedThrottle,
+    OneRoundTripThrottlesMixin,
+    scope_allows,
+)
 from portal.selectors import project_get_visible
 from scheduler import job_templates, selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit
@@ -528,7 +532,7 @@ class YamlRenderer(renderers.BaseRenderer):
         return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True).encode()
 
 
-class SubmitMixin(viewsets.GenericViewSet):  # type: ignore[type-arg]
+class SubmitMixin(OneRoundTripThrottlesMixin, viewsets.GenericViewSet):  # type: ignore[type-arg]
     """Submitting a request body (resubmission, templates): the create endpoint's steps."""
 
     @property
