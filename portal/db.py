@@ -256,7 +256,11 @@ INSERT_SQL_MAX_ROWS = 8
 # Per model: its fields, each with the one type of value (besides None) whose database value
 # is that value itself (`_plain_type`), or None where every value is prepared.
 _INSERT_FIELDS: dict[type[models.Model], list[tuple[Field[Any, Any], str, type | None]]] = {}
-_INSERT_SQL: dict[tuple[type[models.Model], int], str] = {}
+# Statements by model and which values are NULL (written into the statement: fewer
+# parameters to send, and a job's row stays within the 50 parameters whose conversion to
+# PostgreSQL's placeholders psycopg caches); at most this many kept.
+_INSERT_SQL: dict[tuple[type[models.Model], tuple[bool, ...]], str] = {}
+INSERT_SQL_KEPT = 256
 # Exact field classes (a subclass may prepare its values otherwise) whose `pre_save` and
 # `get_db_prep_save` return a value of this type unchanged on PostgreSQL (None too).
 _PLAIN_INSERT: dict[type, type] = {
@@ -285,8 +289,8 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
     """Insert unsaved instances of one model (with an auto primary key) in one statement.
 
     What `bulk_create` does, each field's `pre_save` (`auto_now_add`) and preparation for the
-    database included, but with the SQL built once per model and row count (up to
-    `INSERT_SQL_MAX_ROWS`), not per call, and a plain field's value (an int of a number field
+    database included, but with the SQL built once per model and pattern of NULLs (up to
+    `INSERT_SQL_MAX_ROWS` rows), not per call, and a plain field's value (an int of a number field
     or of a foreign key to an integer key, a str of a text field, a bool of a boolean, None)
     passed as it is, which is what its preparation would return: the submit path writes a
     job, its events and an audit event on every request (`bench.submit_cost`). Primary keys are set from
@@ -304,34 +308,45 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
             (f, f.attname, _plain_type(f)) for f in model._meta.concrete_fields if not f.primary_key
         ]
         _INSERT_FIELDS[model] = plan
-    key = (model, len(objs))
-    sql = _INSERT_SQL.get(key)
-    if sql is None:
-        opts, qn = model._meta, connection.ops.quote_name
-        row = "(" + ", ".join(["%s"] * len(plan)) + ")"
-        columns = ", ".join(qn(str(f.column)) for f, _, _ in plan)
-        sql = (
-            f"INSERT INTO {qn(opts.db_table)} ({columns}) "  # noqa: S608 - names from _meta
-            f"VALUES {', '.join([row] * len(objs))} RETURNING {qn(str(opts.pk.column))}"
-        )
-        _INSERT_SQL[key] = sql
     params: list[Any] = []
-    append = params.append
+    nulls: list[bool] = []  # per value: NULL in the statement itself, not a parameter
     for obj in objs:
         values = obj.__dict__
         for field, attname, plain in plan:
+            value = _NOT_SET
             if plain is not None:
                 value = values.get(attname, _NOT_SET)
                 # `is`: True is no int here, and IntegerChoices members become ints; a str
                 # subclass (TextChoices) is kept as it is by its preparation too
-                if (
+                if not (
                     value is None
                     or type(value) is plain
                     or (plain is str and isinstance(value, str))
                 ):
-                    append(value)
-                    continue
-            append(field.get_db_prep_save(field.pre_save(obj, True), connection))
+                    value = _NOT_SET
+            if value is _NOT_SET:
+                value = field.get_db_prep_save(field.pre_save(obj, True), connection)
+            if value is None:
+                nulls.append(True)
+            else:
+                nulls.append(False)
+                params.append(value)
+    key = (model, tuple(nulls))
+    sql = _INSERT_SQL.get(key)
+    if sql is None:
+        opts, qn = model._meta, connection.ops.quote_name
+        width = len(plan)
+        rows = (
+            "(" + ", ".join("NULL" if null else "%s" for null in nulls[i : i + width]) + ")"
+            for i in range(0, len(nulls), width)
+        )
+        columns = ", ".join(qn(str(f.column)) for f, _, _ in plan)
+        sql = (
+            f"INSERT INTO {qn(opts.db_table)} ({columns}) "  # noqa: S608 - names from _meta
+            f"VALUES {', '.join(rows)} RETURNING {qn(str(opts.pk.column))}"
+        )
+        if len(_INSERT_SQL) < INSERT_SQL_KEPT:
+            _INSERT_SQL[key] = sql
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         pks = [row[0] for row in cursor.fetchall()]  # in the order of VALUES
