@@ -99,7 +99,7 @@ class FixedWindowMixin(SimpleRateThrottle):
     num_requests: int | None  # set from the rate by DRF's __init__ (or per view, when scoped)
     duration: int | None
 
-    def window(self, request: Request, view: Any) -> tuple[str, int] | None:
+    def hit_window(self, request: Request, view: Any) -> tuple[str, int] | None:
         """The key and period this request counts in, or None where it is not limited."""
         if self.rate is None:
             return None
@@ -114,7 +114,7 @@ class FixedWindowMixin(SimpleRateThrottle):
         return self.num_requests is None or count <= self.num_requests
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        window = self.window(request, view)
+        window = self.hit_window(request, view)
         if window is None:
             return True
         return self.settle(*window_hit(*window))
@@ -134,13 +134,13 @@ class FixedWindowUserThrottle(FixedWindowMixin, UserRateThrottle):
 class FixedWindowScopedThrottle(FixedWindowMixin, ScopedRateThrottle):
     """Per user and the view's `throttle_scope` (submit, dry run): the expensive endpoints."""
 
-    def window(self, request: Request, view: Any) -> tuple[str, int] | None:
+    def hit_window(self, request: Request, view: Any) -> tuple[str, int] | None:
         self.scope = getattr(view, self.scope_attr, None)
         if not self.scope:
             return None
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().window(request, view)
+        return super().hit_window(request, view)
 
 
 class OneRoundTripThrottlesMixin:
@@ -158,7 +158,7 @@ class OneRoundTripThrottlesMixin:
                 isinstance(throttle, FixedWindowMixin)
                 and type(throttle).allow_request is FixedWindowMixin.allow_request
             ):
-                window = throttle.window(request, self)
+                window = throttle.hit_window(request, self)
                 if window is not None:
                     windowed.append((throttle, window))
             elif not throttle.allow_request(request, self):

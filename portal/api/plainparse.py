@@ -20,6 +20,7 @@ the field would validate it to, or `UNRESOLVED` where the serializer must decide
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,7 @@ def _text_check(field: fields.CharField) -> Callable[[Any], Any]:
 
 def _slug_check(field: fields.SlugField) -> Callable[[Any], Any]:
     text = _text_check(field)
-    (pattern,) = [v.regex for v in field.validators if isinstance(v, RegexValidator)]
+    (pattern,) = [re.compile(v.regex) for v in field.validators if isinstance(v, RegexValidator)]
 
     def check(value: Any) -> Any:
         value = text(value)
@@ -124,7 +125,7 @@ def _dict_check(field: fields.DictField, item: Callable[[Any], Any]) -> Callable
 
 def _standard_validators_only(field: fields.Field) -> bool:  # type: ignore[type-arg]
     """The field carries only the validators its own arguments add (no `validators=`)."""
-    return "validators" not in field._kwargs
+    return "validators" not in getattr(field, "_kwargs", {"validators": None})
 
 
 def _plain_check(field: fields.Field) -> Callable[[Any], Any] | None:  # type: ignore[type-arg]

@@ -29,6 +29,7 @@ class PrototypeFieldsMixin:
     """
 
     def _prototypes(self) -> dict[str, serializers.Field]:  # type: ignore[type-arg]
+        me: Any = self  # a serializer (the mixin comes before one)
         cls = type(self)
         prototype: dict[str, serializers.Field] | None = cls.__dict__.get("_prototype_fields")  # type: ignore[type-arg]
         if prototype is None:
@@ -36,7 +37,7 @@ class PrototypeFieldsMixin:
             prototype = super().get_fields()  # type: ignore[misc]
             for name, field in prototype.items():
                 if not isinstance(field, serializers.BaseSerializer):
-                    field.bind(field_name=name, parent=self)
+                    field.bind(field_name=name, parent=me)
                     field.parent = None  # each clone gets its own; keep no instance alive
             cls._prototype_fields = prototype  # type: ignore[attr-defined]
         return prototype
@@ -47,19 +48,20 @@ class PrototypeFieldsMixin:
 
     @cached_property
     def fields(self) -> BindingDict:
+        me: Any = self  # a serializer (the mixin comes before one)
         if type(self).get_fields is not PrototypeFieldsMixin.get_fields:
-            bound = BindingDict(self)  # a subclass builds its own fields: DRF's way
+            bound = BindingDict(me)  # a subclass builds its own fields: DRF's way
             for name, field in self.get_fields().items():
                 bound[name] = field
             return bound
-        bound = BindingDict(self)
+        bound = BindingDict(me)
         for name, field in self._prototypes().items():
             if isinstance(field, serializers.BaseSerializer):
                 bound[name] = copy.deepcopy(field)  # binds it
             else:
                 clone = object.__new__(type(field))
                 clone.__dict__.update(field.__dict__)
-                clone.parent = self
+                clone.parent = me
                 bound.fields[name] = clone  # bound already, as the prototype
         return bound
 
