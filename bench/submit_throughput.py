@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import requests
 
-from bench import command_line, markdown_table, write_section
+from bench import command_line, machine, markdown_table, write_section
 from bench.django_env import reset, setup, teardown
 from bench.stack import Stack, cpu_seconds, cpu_table
 
@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--poll", type=float, default=0.5, help="agent poll interval (s)")
     parser.add_argument("--runs", type=int, default=3, help="each on a fresh stack; medians")
+    parser.add_argument("--no-docs", action="store_true", help="only print")
     args = parser.parse_args()
     runs = [one_run(args, n == 0) for n in range(args.runs)]
     median = sorted(runs, key=lambda r: r.jobs_per_s)[len(runs) // 2]
@@ -201,6 +202,9 @@ def main() -> None:
     )
     print(table)
     print(cpu)
+    print(machine())
+    if args.no_docs:
+        return
     write_section(
         "submit_throughput",
         "## Jobs from API submit to running\n\n"

@@ -253,18 +253,48 @@ def instance_from_row(model: type[ModelT], row: Sequence[Any]) -> ModelT:
 # Statements kept per model for 1 to this many rows (a job's events, one audit event); larger
 # batches vary in size and go to `bulk_create`, so the cache stays small.
 INSERT_SQL_MAX_ROWS = 8
-_INSERT_SQL: dict[tuple[type[models.Model], int], tuple[str, list[Field[Any, Any]]]] = {}
+# Per model: its fields, each with the one type of value (besides None) whose database value
+# is that value itself (`_plain_type`), or None where every value is prepared.
+_INSERT_FIELDS: dict[type[models.Model], list[tuple[Field[Any, Any], str, type | None]]] = {}
+# Statements by model and which values are NULL (written into the statement: fewer
+# parameters to send, and a job's row stays within the 50 parameters whose conversion to
+# PostgreSQL's placeholders psycopg caches); at most this many kept.
+_INSERT_SQL: dict[tuple[type[models.Model], tuple[bool, ...]], str] = {}
+INSERT_SQL_KEPT = 256
+# Exact field classes (a subclass may prepare its values otherwise) whose `pre_save` and
+# `get_db_prep_save` return a value of this type unchanged on PostgreSQL (None too).
+_PLAIN_INSERT: dict[type, type] = {
+    models.AutoField: int,
+    models.BigAutoField: int,
+    models.BigIntegerField: int,
+    models.BooleanField: bool,
+    models.CharField: str,
+    models.IntegerField: int,
+    models.PositiveBigIntegerField: int,
+    models.PositiveIntegerField: int,
+    models.PositiveSmallIntegerField: int,
+    models.SmallIntegerField: int,
+    models.TextField: str,
+}
+_NOT_SET = object()
+
+
+def _plain_type(field: Field[Any, Any]) -> type | None:
+    if type(field) is models.ForeignKey:
+        field = field.target_field
+    return _PLAIN_INSERT.get(type(field))
 
 
 def insert_instances(objs: Sequence[models.Model]) -> None:
     """Insert unsaved instances of one model (with an auto primary key) in one statement.
 
     What `bulk_create` does, each field's `pre_save` (`auto_now_add`) and preparation for the
-    database included, but with the SQL built once per model and row count (up to
-    `INSERT_SQL_MAX_ROWS`), not per call:
-    the submit path writes a job, its events and an audit event on every request. Primary keys
-    are set from RETURNING. No signals, as with `bulk_create`. PostgreSQL; elsewhere it is
-    `bulk_create`.
+    database included, but with the SQL built once per model and pattern of NULLs (up to
+    `INSERT_SQL_MAX_ROWS` rows), not per call, and a plain field's value (an int of a number field
+    or of a foreign key to an integer key, a str of a text field, a bool of a boolean, None)
+    passed as it is, which is what its preparation would return: the submit path writes a
+    job, its events and an audit event on every request (`bench.submit_cost`). Primary keys are set from
+    RETURNING. No signals, as with `bulk_create`. PostgreSQL; elsewhere it is `bulk_create`.
     """
     if not objs:
         return
@@ -272,23 +302,51 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
     if connection.vendor != "postgresql" or len(objs) > INSERT_SQL_MAX_ROWS:
         model._default_manager.bulk_create(objs)  # large batches: Django's `unnest` insert
         return
-    key = (model, len(objs))
-    if key not in _INSERT_SQL:
+    plan = _INSERT_FIELDS.get(model)
+    if plan is None:
+        plan = [
+            (f, f.attname, _plain_type(f)) for f in model._meta.concrete_fields if not f.primary_key
+        ]
+        _INSERT_FIELDS[model] = plan
+    params: list[Any] = []
+    nulls: list[bool] = []  # per value: NULL in the statement itself, not a parameter
+    for obj in objs:
+        values = obj.__dict__
+        for field, attname, plain in plan:
+            value = _NOT_SET
+            if plain is not None:
+                value = values.get(attname, _NOT_SET)
+                # `is`: True is no int here, and IntegerChoices members become ints; a str
+                # subclass (TextChoices) is kept as it is by its preparation too
+                if not (
+                    value is None
+                    or type(value) is plain
+                    or (plain is str and isinstance(value, str))
+                ):
+                    value = _NOT_SET
+            if value is _NOT_SET:
+                value = field.get_db_prep_save(field.pre_save(obj, True), connection)
+            if value is None:
+                nulls.append(True)
+            else:
+                nulls.append(False)
+                params.append(value)
+    key = (model, tuple(nulls))
+    sql = _INSERT_SQL.get(key)
+    if sql is None:
         opts, qn = model._meta, connection.ops.quote_name
-        fields = [f for f in opts.concrete_fields if not f.primary_key]
-        row = "(" + ", ".join(["%s"] * len(fields)) + ")"
-        columns = ", ".join(qn(str(f.column)) for f in fields)
+        width = len(plan)
+        rows = (
+            "(" + ", ".join("NULL" if null else "%s" for null in nulls[i : i + width]) + ")"
+            for i in range(0, len(nulls), width)
+        )
+        columns = ", ".join(qn(str(f.column)) for f, _, _ in plan)
         sql = (
             f"INSERT INTO {qn(opts.db_table)} ({columns}) "  # noqa: S608 - names from _meta
-            f"VALUES {', '.join([row] * len(objs))} RETURNING {qn(str(opts.pk.column))}"
+            f"VALUES {', '.join(rows)} RETURNING {qn(str(opts.pk.column))}"
         )
-        _INSERT_SQL[key] = (sql, fields)
-    sql, fields = _INSERT_SQL[key]
-    params = [
-        field.get_db_prep_save(field.pre_save(obj, True), connection)
-        for obj in objs
-        for field in fields
-    ]
+        if len(_INSERT_SQL) < INSERT_SQL_KEPT:
+            _INSERT_SQL[key] = sql
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         pks = [row[0] for row in cursor.fetchall()]  # in the order of VALUES
