@@ -13,9 +13,11 @@ existing clients keep working, unless a field's name is one of the envelope's ow
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import OperationalError
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -24,6 +26,14 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from portal.errors import DomainError
 
 ENVELOPE_KEYS = frozenset({"code", "message", "fields", "detail"})
+
+# PostgreSQL's answers when two transactions met and one was rolled back whole: a deadlock, a
+# serialization failure, a lock that could not be had in time. Nothing was saved; the same
+# request succeeds on a retry, so the client is told to retry (agents do, after Retry-After).
+TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+RETRY_AFTER_S = 1
+
+log = logging.getLogger(__name__)
 
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -47,6 +57,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             exc = exceptions.ValidationError({"non_field_errors": exc.messages})
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("Not found.")
+    if isinstance(exc, OperationalError) and _sqlstate(exc) in TRANSIENT_SQLSTATES:
+        log.warning("database conflict answered 503 (sqlstate %s): %s", _sqlstate(exc), exc)
+        message = (
+            "The request met a conflicting change in the database and nothing was saved; "
+            f"retry in {RETRY_AFTER_S} s."
+        )
+        return Response(
+            error_body("retry", message), status=503, headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
     response = drf_exception_handler(exc, context)
     if response is None or not isinstance(exc, exceptions.APIException):
         return response
@@ -59,6 +78,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             code if isinstance(code, str) else exc.default_code, str(exc.detail)
         )
     return response
+
+
+def _sqlstate(exc: OperationalError) -> str | None:
+    """The SQLSTATE of the driver's error that Django wrapped (None off PostgreSQL)."""
+    return getattr(exc.__cause__, "sqlstate", None)
 
 
 def _fields(detail: Any) -> dict[str, Any]:
