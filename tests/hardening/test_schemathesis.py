@@ -32,7 +32,10 @@ SEMANTIC_400 = {
     ("POST", "/api/agent/v1/register"): "GPU products must be in the catalog (data)",
     ("POST", "/api/v1/jobs/"): "shape rules across fields (fraction × count, gang, elastic)",
     ("POST", "/api/v1/jobs/dry-run/"): "the same rules as submitting",
-    ("POST", "/api/v1/jobs/{id}/resubmit/"): "the same rules as submitting, over the job's own spec",
+    (
+        "POST",
+        "/api/v1/jobs/{id}/resubmit/",
+    ): "the same rules as submitting, over the job's own spec",
     ("POST", "/api/v1/jobs/manifest/"): "a Kubernetes Job: the server reads the fields it knows",
 }
 # A manifest's body is documented as a string: the OpenAPI schema cannot say which YAML texts are
