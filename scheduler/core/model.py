@@ -16,6 +16,17 @@ SHARING_MODES = frozenset({"exclusive", "time_slice", "mps", "mig"})
 # Sharing modes that accept fractional (milli-GPU) shares; exclusive and MIG devices are
 # handed out whole (a MIG instance is reported as its own GpuView).
 FRACTIONAL_SHARING = frozenset({"time_slice", "mps"})
+# A node's reserved labels, recorded from its agent's registration: "no" under GANG_LABEL when
+# its agent cannot run a member of a multi-node gang (its containers' network fence is not in
+# place), why under GANG_REASON_LABEL. No label (an agent from before it said): it can.
+GANG_LABEL = "gang.members"
+GANG_REASON_LABEL = "gang.members.reason"
+
+
+def runs_gang_members(labels: Mapping[str, str]) -> bool:
+    """Whether a node with these labels may take a member of a multi-node gang."""
+    return labels.get(GANG_LABEL) != "no"
+
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 

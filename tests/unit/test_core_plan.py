@@ -142,6 +142,39 @@ def test_gang_waits_all_or_nothing() -> None:
     assert "all or nothing" in p.pending[1].message
 
 
+NO_GANGS = {"gang.members": "no", "gang.members.reason": "its job network fence is not in place"}
+
+
+def test_gang_members_only_on_nodes_that_can_run_them() -> None:
+    # nodes 2 and 3 fit the members best, but node 2's agent cannot run gang members
+    snap = snapshot([node(1, 8), node(2, 4, labels=NO_GANGS), node(3, 4)])
+    p = plan(snap, [job(1, nodes=2, gpus_per_node=4)], GREEDY, NOW)
+    assert {s.node_id for s in gpus_of(p, 1)} == {1, 3}
+
+
+def test_single_node_jobs_still_use_nodes_that_cannot_run_gang_members() -> None:
+    snap = snapshot([node(1, 4, labels=NO_GANGS)])
+    p = plan(snap, [job(1, gpus=4)], GREEDY, NOW)
+    assert {s.node_id for s in gpus_of(p, 1)} == {1}
+
+
+def test_a_gang_waits_in_words_for_nodes_that_can_run_its_members() -> None:
+    snap = snapshot([node(1, 4, labels=NO_GANGS), node(2, 4), node(3, 4, labels=NO_GANGS)])
+    p = plan(snap, [job(1, nodes=2, gpus_per_node=4)], GREEDY, NOW)
+    assert not p.placements
+    pending = p.pending[1]
+    assert pending.reason is PendingReason.NODE_CONSTRAINTS
+    assert "n1, n3 cannot run a multi-node gang's members" in pending.message
+    assert "its job network fence is not in place" in pending.message
+
+
+def test_a_spread_job_does_not_spread_onto_nodes_that_cannot_run_gang_members() -> None:
+    # fewest nodes first would take node 1's 3 GPUs and one more: it cannot run a member
+    snap = snapshot([node(1, 3, labels=NO_GANGS), node(2, 2), node(3, 2)])
+    p = plan(snap, [job(1, gpus=4)], GREEDY, NOW)
+    assert {s.node_id for s in gpus_of(p, 1)} == {2, 3}
+
+
 def test_four_gpus_spread_two_plus_two() -> None:
     snap = snapshot([node(1, 2), node(2, 2), node(3, 4, used=[1000, 1000, 1000, 0])])
     p = plan(snap, [job(1, gpus=4)], GREEDY, NOW)

@@ -8,7 +8,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scheduler.core.model import MILLI, JobRequest, RunningWork, Share
+from scheduler.core.model import (
+    GANG_REASON_LABEL,
+    MILLI,
+    JobRequest,
+    RunningWork,
+    Share,
+    runs_gang_members,
+)
 from scheduler.core.planning.caches import EpochCache, Memo
 from scheduler.core.planning.context import PlanningContext, Take, split
 from scheduler.core.reasons import PendingReason
@@ -27,6 +34,7 @@ class RequestMasks:
         self.ctx = ctx
         self.model_memory = ctx.st.model_memory()
         self.cache: Memo[MaskKey, Masks] = Memo()
+        self._gang_ok: BoolArray | None = None
 
     def of(self, job: JobRequest) -> Masks:
         key = (
@@ -51,7 +59,15 @@ class RequestMasks:
             )
         return hit
 
-    def node_mask(self, job: JobRequest, *, schedulable_only: bool = True) -> BoolArray:
+    def gang_ok(self) -> BoolArray:
+        """Nodes whose agent can run a member of a multi-node gang (`runs_gang_members`)."""
+        if self._gang_ok is None:
+            self._gang_ok = gang_rows(self.ctx.st)
+        return self._gang_ok
+
+    def node_mask(
+        self, job: JobRequest, *, schedulable_only: bool = True, gangs: bool = True
+    ) -> BoolArray:
         st = self.ctx.st
         ok = st.schedulable.copy() if schedulable_only else np.ones(len(st.names), dtype=bool)
         if job.pool is not None:
@@ -61,6 +77,8 @@ class RequestMasks:
             ok &= np.array(
                 [all(lb.get(k) == v for k, v in sel.items()) for lb in st.labels], dtype=bool
             )
+        if gangs and job.nodes is not None and job.nodes > 1:
+            ok &= self.gang_ok()  # single-node jobs run on any node
         return ok
 
     def model_mask(self, job: JobRequest) -> BoolArray:
@@ -79,6 +97,10 @@ class RequestMasks:
         it would fit once nodes that are out of service (draining, cordoned...) return, the
         reason says so and names them: it waits, it is not told it never fits."""
         found = self._static_check(job, node_ok, model_ok)
+        if found is not None and job.nodes is not None and job.nodes > 1:
+            gang = self._gang_check(job, model_ok)
+            if gang is not None:
+                return gang
         if found is None or found[0] not in (
             PendingReason.NO_MATCHING_GPU,
             PendingReason.NODE_CONSTRAINTS,
@@ -97,6 +119,24 @@ class RequestMasks:
         ]
         more = f" and {len(named) - 5} more" if len(named) > 5 else ""
         return PendingReason.NODES_UNAVAILABLE, ", ".join(named[:5]) + more
+
+    def _gang_check(self, job: JobRequest, model_ok: BoolArray) -> tuple[PendingReason, str] | None:
+        """A multi-node gang that would fit if the nodes whose agents cannot run gang members
+        could: the reason names them and says why (their agents' own words)."""
+        st = self.ctx.st
+        every = self.node_mask(job, gangs=False)
+        cannot = every & ~self.gang_ok()
+        if not cannot.any() or self._static_check(job, every, model_ok) is not None:
+            return None
+        fitting = cannot & (st.gpu_model_ok(model_ok) & st.gpu_valid).any(axis=1)
+        rows = np.flatnonzero(fitting if fitting.any() else cannot).tolist()
+        named = ", ".join(st.names[i] for i in rows[:5])
+        more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+        why = st.labels[rows[0]].get(GANG_REASON_LABEL, "")
+        return PendingReason.NODE_CONSTRAINTS, (
+            f"it runs on {job.nodes} nodes, and {named}{more} cannot run a multi-node gang's "
+            "members (" + (why or "its agent says so") + ")"
+        )
 
     def _static_check(
         self, job: JobRequest, node_ok: BoolArray, model_ok: BoolArray
@@ -230,7 +270,8 @@ class PlacementSearch:
     ) -> list[Take] | None:
         d = self.demand(job, 1, model_ok, 0, 0)
         usable = st.usable_gpus(d, blocked)
-        cnt = np.where(node_ok & st.schedulable, usable.sum(axis=1), 0)
+        # spread over several nodes, it runs as a gang: only on nodes that can run its members
+        cnt = np.where(node_ok & st.schedulable & gang_rows(st), usable.sum(axis=1), 0)
         if int(cnt.sum()) < total:
             return None
         rank = st.tie_rank if st.tie_rank is not None else np.arange(st.n_nodes)
@@ -255,6 +296,11 @@ class PlacementSearch:
                 if left == 0:
                     return takes
         return None
+
+
+def gang_rows(st: ClusterState) -> BoolArray:
+    """Rows whose node can run a member of a multi-node gang (see `runs_gang_members`)."""
+    return np.array([runs_gang_members(lb) for lb in st.labels], dtype=bool)
 
 
 def shares_of(st: ClusterState, takes: list[Take]) -> tuple[Share, ...]:
