@@ -241,7 +241,16 @@ class Agent:
             "cpu_milli": cpu_milli,
             "memory_mib": memory_mib,
             "gpus": inventory.get("gpus", []),
+            **self.gang_members(),
         }
+
+    def gang_members(self) -> dict[str, Any]:
+        """Whether this node can run a member of a multi-node gang, as registration says it."""
+        reason = self.runner.runtime.gang_members()
+        if reason is None:
+            return {"gang_members": True}
+        log.warning("registering as a node that cannot run gang members: %s", reason)
+        return {"gang_members": False, "gang_members_reason": reason[:300]}
 
     def register(self, stop: threading.Event) -> bool:
         """POST /register until the portal accepts it (True) or `stop` is set (False)."""

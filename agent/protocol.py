@@ -76,6 +76,12 @@ class Register(TypedDict):
     cpu_milli: NotRequired[int]
     memory_mib: NotRequired[int]
     gpus: list[GpuInventory]
+    # Whether it can run a member of a multi-node gang (the process runtime can; the container
+    # runtime once its job network fence is in place), and why not. Missing (an agent from
+    # before it said so): it can, as such agents were placed before, and an agent that cannot
+    # still refuses the member at its start.
+    gang_members: NotRequired[bool]
+    gang_members_reason: NotRequired[str]
 
 
 class RegisterAnswer(TypedDict):

@@ -10,10 +10,12 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from scheduler.core.model import (
+    GANG_REASON_LABEL,
     billed_share_milli,
     gpu_capacity_milli,
     gpu_demand_milli,
     gpus_requested,
+    runs_gang_members,
 )
 from scheduler.core.plan import QUEUE_POLICIES
 from scheduler.core.reasons import format_duration
@@ -179,6 +181,14 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def gang_members_refused(self) -> str:
+        """Why its agent cannot run members of multi-node gangs ("" when it can): the
+        reserved labels its registration records (`scheduler.nodes.inventory`)."""
+        if runs_gang_members(self.labels or {}):
+            return ""
+        return str(self.labels.get(GANG_REASON_LABEL) or "its agent says so")
 
 
 class Gpu(models.Model):

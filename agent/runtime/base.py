@@ -106,6 +106,11 @@ class Runtime:
     def describe(self) -> str:
         return self.name
 
+    def gang_members(self) -> str | None:
+        """Why this runtime cannot run a member of a multi-node gang here, or None when it
+        can (told at registration, so the portal places gang members only where they run)."""
+        return None
+
     def keep_pulled(self, images: list[str]) -> None:
         """Have these images on the node before a job asks for them (the portal's curated
         images, told in each heartbeat answer); nothing to do without a container engine."""

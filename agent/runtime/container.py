@@ -242,6 +242,12 @@ class ContainerRuntime(Runtime):
 
     # -- the network ---------------------------------------------------------------------------
 
+    def gang_members(self) -> str | None:
+        if self.network is None:
+            return "the agent runs without a job network fence"
+        reason = self.network.ensure()
+        return None if reason is None else f"its job network fence is not in place: {reason}"
+
     def network_flag(self, env: dict[str, str]) -> str:
         """`--network=none` unless the job is a gang's member, which gets the node's network
         once the fence is in place (LaunchError saying why not otherwise)."""

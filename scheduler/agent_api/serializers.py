@@ -46,6 +46,8 @@ class RegisterSerializer(StrictSerializer):
     cpu_milli = serializers.IntegerField(min_value=0, max_value=10_000_000, default=0)
     memory_mib = serializers.IntegerField(min_value=0, max_value=1 << 32, default=0)
     gpus = GpuInventorySerializer(many=True, allow_empty=True)
+    gang_members = serializers.BooleanField(default=True)
+    gang_members_reason = serializers.CharField(max_length=300, allow_blank=True, default="")
 
     def validate_gpus(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(value) > 64:

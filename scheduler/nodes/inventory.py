@@ -19,6 +19,7 @@ from django.utils import timezone
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import User
+from scheduler.core.model import GANG_LABEL, GANG_REASON_LABEL
 from scheduler.dispatch import assignments_changed
 from scheduler.models import Allocation, Gpu, GpuModel, Node, NodeEvent
 from scheduler.nodes.faults import gpu_fault_record, jobs_holding, requeue_after_fault
@@ -114,6 +115,7 @@ def node_register(*, node: Node, inventory: dict[str, Any]) -> Node:
             "gpus": len(inventory["gpus"]),
             "came_back": came_back,
             "driver": node.driver_version,
+            "gang_members": node.labels.get(GANG_LABEL) != "no",
         },
     )
     return node
@@ -255,3 +257,30 @@ def _inventory_apply(node: Node, inventory: dict[str, Any]) -> None:
         node.cpu_milli = inventory["cpu_milli"]
     if inventory.get("memory_mib"):
         node.memory_mib = inventory["memory_mib"]
+    _gang_members_apply(node, inventory)
+
+
+def _gang_members_apply(node: Node, inventory: dict[str, Any]) -> None:
+    """Record whether the node's agent can run a member of a multi-node gang, as the reserved
+    labels the planner reads (`scheduler.core.model.GANG_LABEL`); a change is a node event.
+    An inventory without it (an older agent) counts as "it can" (see `agent.protocol`)."""
+    can = inventory.get("gang_members", True) is not False
+    reason = "" if can else (inventory.get("gang_members_reason") or "its agent says so")[:300]
+    labels = {k: v for k, v in node.labels.items() if k not in (GANG_LABEL, GANG_REASON_LABEL)}
+    labels[GANG_LABEL] = "yes" if can else "no"
+    if reason:
+        labels[GANG_REASON_LABEL] = reason
+    before = node.labels.get(GANG_LABEL)
+    node.labels = labels
+    if before == labels[GANG_LABEL] or (before is None and can):
+        return
+    NodeEvent.objects.create(
+        node=node,
+        severity=NodeEvent.Severity.INFO if can else NodeEvent.Severity.WARNING,
+        kind="gang_members",
+        message=(
+            "It can run members of multi-node gangs again"
+            if can
+            else f"It cannot run members of multi-node gangs: {reason}"
+        )[:500],
+    )

@@ -454,3 +454,55 @@ def test_a_resize_never_confirmed_is_requeued_at_its_new_size(team, fleet, api):
         .get()
         .reason.startswith("Resized from 2 to 1 GPUs")
     )
+
+
+# ------------------------------------------------------- nodes that cannot run gang members
+
+
+def register(node: Node, token: str, **extra) -> None:
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    gpus = [
+        {"index": g.index, "uuid": g.uuid, "name": g.model.name, "memory_mib": g.memory_mib}
+        for g in node.gpus.select_related("model").order_by("index")
+    ]
+    body = {"hostname": node.name, "gpus": gpus, **extra}
+    resp = client.post("/api/agent/v1/register", body, format="json")
+    assert resp.status_code == 200, resp.content
+
+
+def test_a_node_whose_agent_cannot_run_gang_members_gets_none(team, fleet, client, make_user):
+    h1 = fleet["nodes"]["h1"]
+    why = "its job network fence is not in place: nft refused the fence: permission denied"
+    register(h1, fleet["tokens"]["h1"], gang_members=False, gang_members_reason=why)
+    h1.refresh_from_db()
+    assert h1.labels["gang.members"] == "no" and h1.gang_members_refused == why
+    assert h1.events.filter(kind="gang_members", message__contains=why).exists()
+    audit = AuditEvent.objects.filter(action="node.register").latest("pk")
+    assert audit.data["gang_members"] is False
+    client.force_login(make_user(staff=True))
+    assert why in client.get(f"/ops/nodes/{h1.pk}/").content.decode()
+    assert "no gang members" in client.get("/ops/nodes/").content.decode()
+
+    gang = submit(team, name="g", gpus=2, nodes=2, gpus_per_node=1)
+    single = submit(team, name="s", gpus=2)
+    run_cycle()
+    gang.refresh_from_db()
+    single.refresh_from_db()
+    assert gang.state == JobState.QUEUED
+    assert "h1 cannot run a multi-node gang's members" in gang.pending_message
+    assert why in gang.pending_message
+    assert single.state == JobState.SCHEDULED  # single-node jobs may still go there
+
+    # an agent that says nothing (one from before it could say) is taken to be able to
+    Job.objects.filter(pk=single.pk).update(state=JobState.CANCELLED)
+    Allocation.objects.filter(job=single).update(ended_at=timezone.now())
+    register(h1, fleet["tokens"]["h1"])
+    h1.refresh_from_db()
+    assert h1.labels["gang.members"] == "yes" and h1.gang_members_refused == ""
+    run_cycle()
+    gang.refresh_from_db()
+    assert gang.state == JobState.SCHEDULED
+    assert {m.node.name for m in JobMember.objects.filter(job=gang)} == {"h1", "h2"}
