@@ -259,6 +259,8 @@ def test_registers_heartbeats_runs_a_job_and_reports_it(
     assert reg["driver_version"] and reg["cuda_version"]
     assert [g["name"] for g in reg["gpus"]] == ["H100-80GB-SXM"] * 2
     assert set(reg["gpus"][0]) == {"index", "uuid", "name", "memory_mib", "mig_mode"}
+    # the process runtime runs gang members anywhere
+    assert reg["gang_members"] is True and "gang_members_reason" not in reg
     gpu0, gpu1 = (g["uuid"] for g in reg["gpus"])
 
     # The portal's intervals are used: several heartbeats within half a second.
@@ -646,3 +648,36 @@ def test_a_heartbeat_carries_only_the_newest_instants_the_protocol_allows(tmp_pa
     assert [taken for taken, _ in sent] == [float(t) for t in range(30 - len(sent), 30)]
     assert all(len(s["processes"]) == MAX_SAMPLE_PROCESSES for _, ss in sent for s in ss)
     assert len(agent._buffer) == len(sent)  # the older instants will never be sent
+
+
+def test_registration_says_when_gang_members_cannot_run_here(tmp_path: Path) -> None:
+    """A container runtime whose job network fence cannot be put in place registers as a node
+    that cannot run gang members, saying why; once it is in place, as one that can."""
+    from agent.runner import Runner
+    from agent.runtime import ContainerRuntime, jobnet
+
+    runtime = ContainerRuntime(default_image="none", node_label="unit-test")
+    config = Config(
+        portal_url="http://127.0.0.1:9",
+        token=TOKEN,
+        workdir=tmp_path,
+        simulate=True,
+        sim_gpus="1xH100-80GB-SXM",
+    )
+    agent = Agent(config, runner=Runner(tmp_path, runtime=runtime))
+    reg = agent.registration()
+    assert reg["gang_members"] is False
+    assert reg["gang_members_reason"] == "the agent runs without a job network fence"
+    runtime.network = jobnet.JobNetwork(uid_base=300_000, nft="false")
+    reg = agent.registration()
+    assert reg["gang_members"] is False
+    assert reg["gang_members_reason"].startswith(
+        "its job network fence is not in place: nft refused the fence"
+    )
+    # the fence in place (an nft that lists the table with its digest)
+    listing = tmp_path / "nft"
+    listing.write_text(f"#!/bin/sh\necho 'comment \"{jobnet.MARK} {runtime.network.digest}\"'\n")
+    listing.chmod(0o755)
+    runtime.network.nft = [str(listing)]
+    assert agent.registration()["gang_members"] is True
+    assert "gang_members_reason" not in agent.registration()
