@@ -331,6 +331,23 @@ def read_task_prices(section: str) -> dict[str, float] | None:
     return prices
 
 
+def read_worker_redis() -> dict[str, float] | None:
+    """Redis CPU ms per Celery task message (`bench.worker_redis`): `notice` for a message
+    alone (publish, fetch, unacked bookkeeping, ack), `cycle` for a scheduling cycle's (the
+    same plus its single-flight lock)."""
+    from bench import DOCS
+
+    found = re.search(
+        r"<!-- bench:worker_redis:start -->.*?<!-- worker_redis:data (\{.*?\}) -->",
+        DOCS.read_text(encoding="utf-8"),
+        re.S,
+    )
+    if not found:
+        return None
+    prices: dict[str, float] = json.loads(found.group(1))["ms_per_message"]
+    return prices
+
+
 def read_rest() -> dict[str, Any] | None:
     """What the fleet at rest costs besides its requests (`--users 0 --submit-rate 0
     --section load_rest`): the worker's periodic tasks, and the PostgreSQL and Redis work
@@ -360,6 +377,7 @@ def model_prediction(
     rest: dict[str, Any] | None,
     cycles: tuple[int, float, dict[str, dict[str, float]]] | None = None,
     tasks: tuple[dict[str, tuple[int, float]], dict[str, float]] | None = None,
+    broker: dict[str, float] | None = None,
 ) -> tuple[dict[str, float], list[list[str]], list[str]]:
     """Cores the capacity model predicts for this run, per component: each class's rate as
     the pools served it (their access logs) times its CPU per request; the worker's as the
@@ -446,6 +464,23 @@ def model_prediction(
                     "–",
                 ]
             )
+            if broker is not None:  # the worker's Redis: each message, each cycle's lock
+                cycle_msgs = sum(
+                    n for name, (n, _) in counted.items() if name.startswith("scheduler.cycle")
+                )
+                other_msgs = sum(
+                    n for name, (n, _) in counted.items() if not name.startswith("scheduler.cycle")
+                )
+                for label, n, redis_ms in (
+                    (
+                        "cycle messages, all outcomes: broker + lock (Redis)",
+                        cycle_msgs,
+                        broker["cycle"],
+                    ),
+                    ("other task messages: broker (Redis)", other_msgs, broker["notice"]),
+                ):
+                    predicted["Redis"] += n / seconds * redis_ms / 1000
+                    rows.append([label, f"{n / seconds:.2f}", "–", "–", f"{redis_ms:.2f}"])
     elif cycle is not None:
         rate = jobs_placed / seconds
         predicted["Celery worker"] += rate * cycle["web_ms"] / 1000
@@ -674,6 +709,7 @@ def run(args: argparse.Namespace) -> None:
             None if at_rest else read_rest(),
             None if terms is None else (planned, mean_running, terms),
             None if prices is None else (tasks, prices),
+            read_worker_redis(),
         )
         model_md = "\n\n" + model_comparison(
             predicted, model_rows, unpriced, cpu_before, cpu_after, seconds
