@@ -348,6 +348,21 @@ def read_worker_redis() -> dict[str, float] | None:
     return prices
 
 
+def read_task_pg() -> dict[str, float] | None:
+    """PostgreSQL CPU ms per run of the worker's event tasks (`bench.worker_task_pg`)."""
+    from bench import DOCS
+
+    found = re.search(
+        r"<!-- bench:worker_task_pg:start -->.*?<!-- worker_task_pg:data (\{.*?\}) -->",
+        DOCS.read_text(encoding="utf-8"),
+        re.S,
+    )
+    if not found:
+        return None
+    prices: dict[str, float] = json.loads(found.group(1))["pg_ms"]
+    return prices
+
+
 def read_rest() -> dict[str, Any] | None:
     """What the fleet at rest costs besides its requests (`--users 0 --submit-rate 0
     --section load_rest`): the worker's periodic tasks, and the PostgreSQL and Redis work
@@ -378,6 +393,7 @@ def model_prediction(
     cycles: tuple[int, float, dict[str, dict[str, float]]] | None = None,
     tasks: tuple[dict[str, tuple[int, float]], dict[str, float]] | None = None,
     broker: dict[str, float] | None = None,
+    task_pg: dict[str, float] | None = None,
 ) -> tuple[dict[str, float], list[list[str]], list[str]]:
     """Cores the capacity model predicts for this run, per component: each class's rate as
     the pools served it (their access logs) times its CPU per request; the worker's as the
@@ -442,6 +458,9 @@ def model_prediction(
             for name, label in EVENT_TASKS.items():
                 runs = counted.get(name, (0, 0.0))[0]
                 messages += runs
+                pg_ms = (task_pg or {}).get(name)
+                if pg_ms is not None:
+                    predicted["PostgreSQL"] += runs / seconds * pg_ms / 1000
                 if name in prices:
                     predicted["Celery worker"] += runs / seconds * prices[name] / 1000
                     rows.append(
@@ -449,7 +468,7 @@ def model_prediction(
                             f"{label} (Celery worker)",
                             f"{runs / seconds:.2f}",
                             f"{prices[name]:.1f}",
-                            "–",
+                            "–" if pg_ms is None else f"{pg_ms:.1f}",
                             "–",
                         ]
                     )
@@ -710,6 +729,7 @@ def run(args: argparse.Namespace) -> None:
             None if terms is None else (planned, mean_running, terms),
             None if prices is None else (tasks, prices),
             read_worker_redis(),
+            read_task_pg(),
         )
         model_md = "\n\n" + model_comparison(
             predicted, model_rows, unpriced, cpu_before, cpu_after, seconds
@@ -959,7 +979,10 @@ def model_comparison(
         "(`bench.endpoint_cost`); for the worker, the cycles that planned × their cost by "
         "snapshot and the jobs placed × their own (`bench.cycle_cost`), the event tasks as "
         "the worker meter counted them × their CPU per run in the previous scaled run, and "
-        "Celery's consumer per task message; measured = the component's CPU seconds over "
+        "Celery's consumer per task message; the worker's Redis, each task message × its "
+        "broker cost and each cycle's × broker and lock (`bench.worker_redis`); the notice and "
+        "availability tasks' PostgreSQL per run (`bench.worker_task_pg`); measured = the "
+        "component's CPU seconds over "
         "the window (from /proc).\n\n"
         + markdown_table(
             ["component", "predicted cores", "measured cores", "measured / predicted", ""],
