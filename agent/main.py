@@ -128,6 +128,18 @@ def build_runtime(config: Config, *, simulated: bool) -> Runtime:
     )
 
 
+def _portal_client(config: Config) -> PortalClient:
+    """A client of the portal with its own connection, as the config says."""
+    return PortalClient(
+        config.portal_url,
+        config.token,
+        timeout_s=config.request_timeout_s,
+        backoff_initial_s=config.backoff_initial_s,
+        backoff_max_s=config.backoff_max_s,
+        ca_bundle=config.ca_bundle,
+    )
+
+
 class Agent:
     """One node's agent. Construct it, then `run(stop_event)` (blocks until the event is set)."""
 
@@ -147,24 +159,10 @@ class Agent:
             hostname=config.hostname,
             seed=config.sim_seed,
         )
-        self.client = client or PortalClient(
-            config.portal_url,
-            config.token,
-            timeout_s=config.request_timeout_s,
-            backoff_initial_s=config.backoff_initial_s,
-            backoff_max_s=config.backoff_max_s,
-            ca_bundle=config.ca_bundle,
-        )
+        self.client = client or _portal_client(config)
         # The heartbeat's own client: its own connection, so a sync in flight (or stuck in its
         # retries) on the main client's never holds a heartbeat back.
-        self.beat_client = beat_client or PortalClient(
-            config.portal_url,
-            config.token,
-            timeout_s=config.request_timeout_s,
-            backoff_initial_s=config.backoff_initial_s,
-            backoff_max_s=config.backoff_max_s,
-            ca_bundle=config.ca_bundle,
-        )
+        self.beat_client = beat_client or _portal_client(config)
         self.runner = runner or Runner(
             config.workdir,
             log_flush_s=config.log_flush_s,

@@ -129,22 +129,6 @@ class _Open(NamedTuple):
     end_reason: str
 
 
-ALLOCATION_FIELDS = (
-    "job",
-    "gpu",
-    "node",
-    "attempt",
-    "share_milli",
-    "memory_mib",
-    "billed_milli",
-    "gpu_model",
-    "borrowed",
-    "started_at",
-    "ended_at",
-    "end_reason",
-)
-
-
 def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> MeteringResult:
     """Runs → allocations of our jobs → usage records (billing.usage_meter). Idempotent.
 
@@ -236,7 +220,7 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
             )
     with transaction.atomic():
         result.allocations_created = insert_rows(
-            Allocation, ALLOCATION_FIELDS, create, ignore_conflicts=True
+            Allocation, Allocation.WRITTEN_FIELDS, create, ignore_conflicts=True
         )
         result.allocations_updated = bulk_update_rows(
             Allocation, ["started_at", "ended_at", "end_reason"], update

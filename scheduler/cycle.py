@@ -444,22 +444,6 @@ def run_cycle(*, now: datetime | None = None) -> CycleResult:
     return result
 
 
-ALLOCATION_FIELDS = (
-    "job",
-    "gpu",
-    "node",
-    "attempt",
-    "share_milli",
-    "memory_mib",
-    "billed_milli",
-    "gpu_model",
-    "borrowed",
-    "started_at",
-    "ended_at",
-    "end_reason",
-)
-
-
 def apply_plan(decided: Plan, state: CycleInput, *, now: datetime) -> CycleResult:
     """Write the plan's placements and preemptions; drop a placement that no longer fits.
 
@@ -590,7 +574,7 @@ def _apply_plan_locked(
         )
         event_data[job_id] = {"gpus": [s.gpu_id for s in placement.shares], "attempt": attempt}
         result.placed.append(job_id)
-    insert_rows(Allocation, ALLOCATION_FIELDS, new_allocations)
+    insert_rows(Allocation, Allocation.WRITTEN_FIELDS, new_allocations)
     ports_of = gangs.members_create(gang_nodes, now=now)
     scheduled = [(*row, ports_of.get(row[0])) for row in scheduled]
     jobs_transition_bulk(

@@ -532,6 +532,23 @@ class JobEvent(models.Model):
 class Allocation(models.Model):
     """A job's share of one GPU over an interval. Active while `ended_at` is null."""
 
+    # The columns a new allocation is written with, in one multi-row insert
+    # (`portal.db.insert_rows`): by the cycle's apply, and by billing for a Slurm cluster's runs.
+    WRITTEN_FIELDS = (
+        "job",
+        "gpu",
+        "node",
+        "attempt",
+        "share_milli",
+        "memory_mib",
+        "billed_milli",
+        "gpu_model",
+        "borrowed",
+        "started_at",
+        "ended_at",
+        "end_reason",
+    )
+
     class EndReason(models.TextChoices):
         COMPLETED = "completed", "Job ended"
         CANCELLED = "cancelled", "Cancelled"
