@@ -104,14 +104,17 @@ def test_the_process_runtime_fences_a_job_in_a_uid_of_its_own(workdir: Path) -> 
     runner.start(assignment(7, "echo victim > secret.txt; sleep 30"))
     wait_for(lambda: (victim_dir / "secret.txt").exists(), runner)
     attack = (
-        f"id -u; cat {token} && echo GOT-TOKEN; cat /proc/{os.getpid()}/environ && echo GOT-ENV; "
+        f"id -u; id -G; umask; cat {token} && echo GOT-TOKEN; cat /proc/{os.getpid()}/environ && echo GOT-ENV; "
         f"cat {victim_dir}/secret.txt && echo GOT-VICTIM; kill -STOP {os.getpid()} && echo GOT-SIG; "
         "setsid sh -c 'sleep 60' </dev/null >/dev/null 2>&1 & echo done"
     )
     runner.start(assignment(8, attack))
     wait_for(lambda: 8 in exits(runner), runner)
     text = output(runner, 8)
-    assert text.splitlines()[0] == str(job_uid(8, 200_000))
+    uid_line, groups_line, umask_line = text.splitlines()[:3]
+    assert uid_line == str(job_uid(8, 200_000))
+    assert groups_line == str(job_uid(8, 200_000))  # its own group, no supplementary ones
+    assert umask_line == "0077"
     assert "GOT-" not in text and "done" in text
     assert stat.S_IMODE(victim_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((workdir / "agent-state.json").stat().st_mode) == 0o600
@@ -123,6 +126,30 @@ def test_the_process_runtime_fences_a_job_in_a_uid_of_its_own(workdir: Path) -> 
     assert not _live_of(uid)
     runner.stop_all("killed", "test over", grace_s=0)
     wait_for(lambda: 7 in exits(runner), runner)
+
+
+@needs_root
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "python-switch"])
+def test_both_ways_of_switching_uid_give_the_same_fence(
+    workdir: Path, setpriv: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """setpriv (vfork, the fast path) and Python's own switch (a full fork, where setpriv is
+    missing) start the job alike: its uid and gid, no supplementary group, umask 077."""
+    from agent import runner as runner_module
+
+    if setpriv and runner_module.SETPRIV is None:
+        pytest.skip("no setpriv on this host")
+    if not setpriv:
+        monkeypatch.setattr(runner_module, "SETPRIV", None)
+    runner = make_runner(workdir, ProcessRuntime(uid_base=200_000))
+    runner.start(assignment(11, "id -u; id -g; id -G; umask; touch made; ls -ln made"))
+    wait_for(lambda: 11 in exits(runner), runner)
+    uid = str(job_uid(11, 200_000))
+    lines = output(runner, 11).splitlines()
+    assert lines[:4] == [uid, uid, uid, "0077"]
+    owner, group = lines[4].split()[2:4]
+    assert (owner, group) == (uid, uid)
+    assert stat.S_IMODE((workdir / "jobs" / "11" / "made").stat().st_mode) == 0o600
 
 
 @needs_root
