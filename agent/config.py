@@ -38,6 +38,12 @@ class Config:
     # None: use what the portal answers at registration (else the defaults below).
     heartbeat_interval_s: float | None = None
     poll_interval_s: float | None = None
+    # The watch (agent/watch.py): told of each change of its assignments by the portal's events
+    # service (at events_url; "": the portal URL, whose load balancer routes /events/ there),
+    # the agent polls only every watch_poll_interval_s while the watch is live.
+    watch: bool = True
+    events_url: str = ""
+    watch_poll_interval_s: float = 30.0
     request_timeout_s: float = 10.0
     request_attempts: int = 3  # quick tries per request inside the loop, then the loop backs off
     backoff_initial_s: float = 0.5
@@ -105,6 +111,9 @@ class Config:
             address=args.address,
             heartbeat_interval_s=args.heartbeat_interval,
             poll_interval_s=args.poll_interval,
+            watch=args.watch,
+            events_url=args.events_url,
+            watch_poll_interval_s=args.watch_poll_interval,
             request_timeout_s=args.request_timeout,
             default_grace_s=args.default_grace,
             ca_bundle=args.ca_bundle,
@@ -181,6 +190,27 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=_float_or_none(env.get("AGENT_POLL_INTERVAL")),
         help="seconds between assignment polls; default: what the portal says "
         "(env AGENT_POLL_INTERVAL)",
+    )
+    p.add_argument(
+        "--no-watch",
+        dest="watch",
+        action="store_false",
+        default=env.get("AGENT_WATCH", "1").strip().lower() in TRUE_WORDS,
+        help="do not watch the portal's events service for assignment changes; poll only "
+        "(env AGENT_WATCH=0)",
+    )
+    p.add_argument(
+        "--events-url",
+        default=env.get("AGENT_EVENTS_URL", ""),
+        help="the portal's events service, where the agent watches its assignments "
+        "(env AGENT_EVENTS_URL; default: the portal URL, whose /events/ goes there)",
+    )
+    p.add_argument(
+        "--watch-poll-interval",
+        type=float,
+        default=float(env.get("AGENT_WATCH_POLL_INTERVAL") or 30.0),
+        help="seconds between fallback polls while the watch is live "
+        "(env AGENT_WATCH_POLL_INTERVAL)",
     )
     p.add_argument(
         "--request-timeout",

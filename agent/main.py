@@ -51,6 +51,7 @@ from agent.runtime import ContainerRuntime, ProcessRuntime, Runtime, engine_avai
 from agent.runtime.base import DEFAULT_JOB_UID_BASE
 from agent.runtime.jobnet import JobNetwork
 from agent.runtime.mps import MpsControl
+from agent.watch import Watch
 
 log = logging.getLogger("agent")
 
@@ -197,6 +198,20 @@ class Agent:
         # is answered without the assignments. False: an older portal, one request per report.
         self._sync_supported = True
         self._version: str | None = None
+        # The watch (agent/watch.py): a notice makes the next round poll at once; while the
+        # watch is live, polls are a slow fallback.
+        self._wake = threading.Event()
+        self._poll_due = False
+        self.watch = (
+            Watch(
+                config.events_url or config.portal_url,
+                config.token,
+                on_change=self._assignments_changed,
+                ca_bundle=config.ca_bundle,
+            )
+            if config.watch
+            else None
+        )
         self._assignments: list[Assignment] = []
         self._unreadable: set[tuple[int, int]] = set()
 
@@ -217,14 +232,21 @@ class Agent:
                 target=self.beat_loop, name="heartbeat", daemon=True
             )
             self._beat_thread.start()
+            if self.watch is not None:
+                threading.Thread(
+                    target=self.watch.run, args=(stop,), name="watch", daemon=True
+                ).start()
             while not stop.is_set():
                 try:
                     self.tick()
                 except Exception:  # a bug in one round must not take the node's work down
                     log.exception("unexpected error in the agent loop; carrying on")
                     stop.wait(1.0)
-                stop.wait(self.pause())
+                self._wake.wait(self.pause())  # a tick at most: `stop` is seen within one
+                self._wake.clear()
         finally:
+            if self.watch is not None:
+                self.watch.close()
             self.shutdown()
 
     def registration(self) -> dict[str, Any]:
@@ -404,8 +426,19 @@ class Agent:
         falls due sooner, so it keeps its interval instead of being rounded up to whole ticks
         (a 0.5 s poll on 0.2 s ticks would be 0.6 s). Never before the next contact a backoff
         allows. (Heartbeats have their own thread and schedule.)"""
-        due = max(self._next_poll, self._next_contact)
+        due = self._next_contact if self._poll_due else max(self._next_poll, self._next_contact)
         return min(self.config.tick_s, max(0.005, due - time.monotonic()))
+
+    def _assignments_changed(self) -> None:
+        """The watch heard that this node's assignments changed (any thread): poll now."""
+        self._poll_due = True
+        self._wake.set()
+
+    def _poll_interval(self) -> float:
+        """The poll interval now: the usual one, or the slow fallback while the watch is live."""
+        if self.watch is not None and self.watch.live.is_set():
+            return max(self.poll_interval_s, self.config.watch_poll_interval_s)
+        return self.poll_interval_s
 
     def tick(self) -> None:
         """One round: reap and ship, then whatever contact with the portal is due."""
@@ -424,7 +457,8 @@ class Agent:
                 self.publish()
                 self._heartbeat(attempts=attempts)
                 self._take_beat_news()
-            if self._reconcile or time.monotonic() >= self._next_poll:
+            if self._reconcile or self._poll_due or time.monotonic() >= self._next_poll:
+                self._poll_due = False  # a notice during the poll makes another one
                 self._poll_assignments(attempts=attempts)
                 self.runner.poll()
                 self.publish()
@@ -542,7 +576,7 @@ class Agent:
 
     def _poll_assignments(self, *, attempts: int | None) -> None:
         """Read the assignments (with any started/exited reports on the way) and apply them."""
-        self._next_poll = time.monotonic() + self.poll_interval_s
+        self._next_poll = time.monotonic() + self._poll_interval()
         if self._sync_supported:
             self._sync(attempts=attempts, apply=True)
             if self._sync_supported:
@@ -599,7 +633,7 @@ class Agent:
                 runner.forget(message.key, f"the portal answered conflict ({result['conflict']})")
         if not apply:
             return
-        self._next_poll = time.monotonic() + self.poll_interval_s
+        self._next_poll = time.monotonic() + self._poll_interval()
         if answer.get("unchanged"):
             if not self.fenced:  # deferred starts (an old attempt still stopping) go ahead now
                 self.apply(self._assignments, keep=self._unreadable)

@@ -27,6 +27,7 @@ urlpatterns = [
     path("", web_views.home, name="home"),
     # Pushed updates; in production the events service serves it (config/urls_events.py).
     path("events/", web_events.events, name="events"),
+    path("events/agent", web_events.agent_watch, name="events-agent"),
     path(
         "login/",
         ratelimited("login", _login_rate, methods=("POST",), page=True)(

@@ -14,4 +14,5 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("events/", events.events, name="events"),
+    path("events/agent", events.agent_watch, name="events-agent"),
 ]

@@ -16,7 +16,10 @@ never hear each other; pub/sub ignores Redis's database numbers):
   `{"k": "telemetry"}` a heartbeat with samples of the job (published by the live store's
   write script, `monitoring/live.py`, in the same Redis command);
 - `…:push:n:<node id>`     `{"k": "telemetry"}`: a heartbeat of the node (the node page);
-- `…:push:cluster`         `{"k": "telemetry"}`: any heartbeat (the cluster overview).
+- `…:push:cluster`         `{"k": "telemetry"}`: any heartbeat (the cluster overview);
+- `…:push:a:<node id>`     `{"k": "assignments"}`: what the node must run or stop changed
+  (`scheduler.dispatch.assignments_changed`); its agent, watching `/events/agent`, syncs at once
+  instead of finding out at its next poll.
 
 Without Redis (the embedded default) nothing is published and the stream answers 204, so
 pages keep polling.
@@ -55,6 +58,10 @@ def job_channel(job_id: int) -> str:
 
 def node_channel(node_id: int) -> str:
     return f"{channel_prefix()}n:{node_id}"
+
+
+def agent_channel(node_id: int) -> str:
+    return f"{channel_prefix()}a:{node_id}"
 
 
 def cluster_channel() -> str:
@@ -106,3 +113,8 @@ def jobs_changed(pairs: Iterable[tuple[int, int]]) -> None:
 
 def log_appended(job_id: int, last: int) -> None:
     publish([(job_channel(job_id), {"k": "logs", "job": job_id, "last": last})])
+
+
+def assignments_changed(node_ids: Iterable[int]) -> None:
+    """The nodes' assignments changed: their agents' watches hear it after the commit."""
+    publish((agent_channel(pk), {"k": "assignments"}) for pk in sorted(set(node_ids)))

@@ -7,6 +7,9 @@ transaction; after the commit those nodes' versions are dropped, and the next fu
 new one *before* it reads the database, so a change that commits in between is never hidden
 behind the version it answers with. A missed call heals on its own: a version lives at most
 VERSION_TTL_S.
+
+Agents that watch (`/events/agent`, web/events.py) hear of each change as it commits and sync
+then; their polls become a slow fallback.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterable
 from django.core.cache import cache
 from django.db import transaction
 
+from portal import push
 from scheduler.models import JobState
 
 VERSION_TTL_S = 30
@@ -38,10 +42,14 @@ def changes_assignments(from_state: str, to_state: str) -> bool:
 
 
 def assignments_changed(node_ids: Iterable[int]) -> None:
-    """Drop these nodes' versions once the current transaction commits (at once outside one)."""
-    keys = sorted({version_key(pk) for pk in node_ids})
-    if keys:
+    """Drop these nodes' versions once the current transaction commits (at once outside one),
+    then tell their agents' watches (`portal.push`), which sync at once: the version is gone
+    before they hear of it, so their sync reads the change."""
+    ids = sorted(set(node_ids))
+    if ids:
+        keys = [version_key(pk) for pk in ids]
         transaction.on_commit(lambda: cache.delete_many(keys))
+        push.assignments_changed(ids)
 
 
 def assignments_version(node_id: int) -> str | None:

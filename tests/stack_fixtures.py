@@ -4,6 +4,7 @@ started as real processes (`python -m agent`, simulated GPUs) speaking HTTP to t
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -137,9 +138,11 @@ class Web:
         workers: int = 1,
         threads: int = 4,
         probe: str = "/login/",
+        worker_class: str = "",
         **env: str,
     ) -> None:
         self.app, self.workers, self.threads, self.probe = app, workers, threads, probe
+        self.worker_class = worker_class  # e.g. the events service's uvicorn worker
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -171,6 +174,7 @@ class Web:
                     str(self.workers),
                     "--threads",
                     str(self.threads),
+                    *(("-k", self.worker_class) if self.worker_class else ()),
                 ],
                 cwd=ROOT,
                 env=self.env,
@@ -190,5 +194,9 @@ class Web:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # streams still open past the graceful timeout
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
             self.proc = None

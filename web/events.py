@@ -13,6 +13,11 @@ process has one Redis subscription (`Hub`) fanned out to its streams. Under WSGI
 gunicorn's sync workers) or without Redis the answer is 204, which tells EventSource not to
 reconnect: the page keeps polling. A stream ends after `PUSH_STREAM_MAX_S` (the browser
 reconnects, and permissions are checked again).
+
+`GET /events/agent` is a node agent's watch, authenticated by its node token: an
+`assignments` event each time what the node must run or stop changes (`portal.push`
+`assignments_changed`), so the agent syncs at once and polls only as a slow fallback. The
+same answers tell it to poll instead: 204 (no push here), and the stream's end.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from scheduler.selectors import job_get_visible
 KEEPALIVE_S = 15.0  # a comment line, so proxies and the browser keep the stream open
 # The least time between two events of one kind on one stream: a fleet's heartbeats, or a burst
 # of submissions, reach a page as one refresh per interval (the first at once).
-COALESCE_S = {"telemetry": 2.0, "queue": 1.0, "job": 0.25, "logs": 0.0}
+COALESCE_S = {"telemetry": 2.0, "queue": 1.0, "job": 0.25, "logs": 0.0, "assignments": 0.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +258,37 @@ async def events(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         return HttpResponse(status=404)
     if not routes:
         return HttpResponse("Name a job, array, node, cluster or queue.", status=400)
+    return await _streaming(routes)
+
+
+async def agent_watch(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """A node agent's stream of `assignments` events (see the module's docstring)."""
+    from scheduler.agent_api import gate
+    from scheduler.agent_api.views import AgentThrottle
+
+    header = request.headers.get("Authorization", "").split()
+    if len(header) != 2 or header[0] != "Bearer":
+        return HttpResponse("Send 'Authorization: Bearer <node token>'.", status=401)
+    throttle = AgentThrottle()  # a (re)connection counts as one of the node's syncs
+    found = await sync_to_async(gate.agent_lookup)(header[1], throttle=throttle.window())
+    if found is None:
+        return HttpResponse("Unknown or retired node token.", status=401)
+    hits, limit = found.throttle_hits, throttle.num_requests
+    if hits is not None and limit is not None and hits > limit:
+        response = HttpResponse("Too many watch connections: retry later.", status=429)
+        response["Retry-After"] = str(found.retry_after)
+        return response
+    if not push.enabled() or not isinstance(request, ASGIRequest):
+        return HttpResponse(status=204)  # no push here: the agent polls
+    routes = {push.agent_channel(found.node_id): ("assignments", Route())}
+    return await _streaming(routes)
+
+
+async def _streaming(routes: dict[str, tuple[str, Route]]) -> HttpResponse | StreamingHttpResponse:
+    """The stream's response once subscribed; 503 when Redis cannot be reached."""
     try:
         body = stream(routes, float(getattr(settings, "PUSH_STREAM_MAX_S", 300)))
-        first = await anext(body)  # subscribed (or Redis is down: 503, the page polls)
+        first = await anext(body)  # subscribed (or Redis is down: 503, the client polls)
     except (redis.RedisError, OSError):
         return HttpResponse(status=503)
 
@@ -265,7 +298,7 @@ async def events(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
             async for chunk in body:
                 yield chunk
         finally:
-            # leave the hub when the browser goes away (at a loop's shutdown it may be closing
+            # leave the hub when the client goes away (at a loop's shutdown it may be closing
             # already, on its own)
             with contextlib.suppress(RuntimeError):
                 await body.aclose()

@@ -558,6 +558,13 @@ def test_config_from_env_and_flags(tmp_path: Path) -> None:
     assert cfg.workdir == tmp_path / "w"
     assert (cfg.heartbeat_interval_s, cfg.poll_interval_s) == (7.5, 1.5)
     assert TOKEN not in repr(cfg)
+    assert (cfg.watch, cfg.events_url, cfg.watch_poll_interval_s) == (True, "", 30.0)
+    watch = Config.from_args(
+        ["--events-url", "https://events.example", "--watch-poll-interval", "45"], env
+    )
+    assert (watch.events_url, watch.watch_poll_interval_s) == ("https://events.example", 45.0)
+    assert Config.from_args(["--no-watch"], env).watch is False
+    assert Config.from_args([], {**env, "AGENT_WATCH": "0"}).watch is False
     relative = Config.from_args(["--workdir", "var/agents/n1"], {**env, "AGENT_WORKDIR": ""})
     assert relative.workdir.is_absolute() and relative.workdir.parts[-3:] == ("var", "agents", "n1")
     with pytest.raises(SystemExit):

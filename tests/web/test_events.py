@@ -162,3 +162,49 @@ def test_nothing_is_published_before_commit(team, fleet, api):
     message = listener.get_message(timeout=5)
     assert message is not None and message["data"] == f'{{"k":"jobs","ids":[{job.pk}]}}'.encode()
     listener.close()
+
+
+async def _watch(token: str | None):
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return await AsyncClient().get("/events/agent", headers=headers)
+
+
+def test_an_agent_watch_hears_of_its_own_nodes_assignments_only(team, fleet, api):
+    from scheduler.models import Node
+
+    Node.objects.exclude(name="h1").update(state=Node.State.CORDONED)  # the job goes to h1
+
+    async def scenario():
+        resp = await _watch(fleet["tokens"]["h1"])
+        assert resp.status_code == 200 and resp["Content-Type"] == "text/event-stream"
+        chunks = aiter(resp.streaming_content)
+        assert _events(await anext(chunks)) == ["ready"]
+        other = await _watch(fleet["tokens"]["h2"])
+        other_chunks = aiter(other.streaming_content)
+        assert _events(await anext(other_chunks)) == ["ready"]
+        await sync_to_async(_submit)(api, team["member"])
+        assert len((await sync_to_async(run_cycle)()).placed) == 1
+        got = await asyncio.wait_for(anext(chunks), timeout=10)
+        assert _events(got) == ["assignments"]
+        with pytest.raises(TimeoutError):  # h2's assignments did not change
+            await asyncio.wait_for(anext(other_chunks), timeout=1)
+
+    _run(scenario)
+
+
+def test_an_agent_watch_needs_a_node_token_and_an_async_server(fleet, client):
+    async def scenario():
+        assert (await _watch(None)).status_code == 401
+        assert (await _watch("gpuagent_not-a-token")).status_code == 401
+        user_token = "gpc_" + "x" * 40  # a user's API token is not a node's
+        assert (await _watch(user_token)).status_code == 401
+
+    _run(scenario)
+    # Under WSGI there is no stream to hold: 204, the agent polls.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # see _run: the view is async
+        answer = pool.submit(
+            client.get,
+            "/events/agent",
+            headers={"Authorization": f"Bearer {fleet['tokens']['h1']}"},
+        ).result()
+    assert answer.status_code == 204
