@@ -133,6 +133,12 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=None)
     parser.add_argument("--heartbeat", type=float, default=None)
     parser.add_argument(
+        "--events",
+        default="",
+        help="the events service's URL: the agents watch their assignments there (else they "
+        "only poll)",
+    )
+    parser.add_argument(
         "--ramp", type=float, default=0.0, help="start the agents evenly over this many seconds"
     )
     parser.add_argument("--stats", type=Path, default=None, help="write timings here at exit")
@@ -173,6 +179,8 @@ def main() -> None:
             hostname=name,
             poll_interval_s=args.poll,
             heartbeat_interval_s=args.heartbeat,
+            watch=bool(args.events),
+            events_url=args.events,
             log_level="WARNING",
         )
         agent = Agent(config)

@@ -92,6 +92,7 @@ def start_agents(stack: Stack, tokens: dict[str, str], gpus: str, poll_s: float)
             poll_interval_s=poll_s,
             heartbeat_interval_s=5,
             job_uid_base=0,
+            watch=False,  # polls only, as this benchmark's figures were recorded
         )
         threading.Thread(target=Agent(config).run, args=(stack.stop_agents,), daemon=True).start()
 

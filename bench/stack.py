@@ -137,7 +137,11 @@ class Stack:
     With `agent_workers`, the agent API runs as deployed: its own gunicorn pool
     (`config.wsgi_agent` with `deploy/gunicorn_agent.py`, on `port + 1`) that the agents talk
     to (`agent_url`), so user traffic on the web pool cannot queue in front of heartbeats.
-    Without, the web pool serves the agents too (`agent_url` is `url`)."""
+    Without, the web pool serves the agents too (`agent_url` is `url`).
+
+    With `events`, the events service runs as deployed (`config.asgi_events`, uvicorn, on
+    `port + 2`: `events_url`) and the agents watch their assignments there (agent/watch.py),
+    polling only as a fallback; without, they poll."""
 
     def __init__(
         self,
@@ -148,10 +152,13 @@ class Stack:
         *,
         agent_workers: int = 0,
         agent_threads: int = 4,
+        events: bool = False,
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.agent_workers, self.agent_pool_threads = agent_workers, agent_threads
         self.agent_url = f"http://127.0.0.1:{port + 1}" if agent_workers else self.url
+        self.events_url = f"http://127.0.0.1:{port + 2}" if events else ""
+        self.events: subprocess.Popen[bytes] | None = None
         self.env = {
             **os.environ,
             "DATABASE_URL": db_url,
@@ -238,9 +245,19 @@ class Stack:
                 ),
             )
             self.agent_pool = self.procs[-1]
+        if self.events_url:
+            self._spawn(
+                *("gunicorn", "-c", str(REPO / "deploy" / "gunicorn_events.py")),
+                "config.asgi_events",
+                *("-b", self.events_url.removeprefix("http://"), "-w", "1"),
+                *("--log-level", "warning", "--access-logfile", "/dev/null"),
+            )
+            self.events = self.procs[-1]
         wait_port(self.url, timeout=180)  # three workers importing Django on a busy machine
         if self.agent_workers:
             wait_port(self.agent_url, timeout=180, probe="/healthz")
+        if self.events_url:
+            wait_port(self.events_url, timeout=180, probe="/healthz")
 
     def agents(
         self, tokens: dict[str, str], gpus: str = "8xH100-80GB-SXM", poll_s: float = 1.0
@@ -260,6 +277,8 @@ class Stack:
                 hostname=name,
                 poll_interval_s=poll_s,
                 heartbeat_interval_s=5,
+                watch=bool(self.events_url),
+                events_url=self.events_url,
             )
             threading.Thread(
                 target=Agent(config).run, args=(self.stop_agents,), daemon=True
@@ -296,6 +315,8 @@ class Stack:
                 args += ["--poll", str(poll_s)]
             if heartbeat_s is not None:
                 args += ["--heartbeat", str(heartbeat_s)]
+            if self.events_url:
+                args += ["--events", self.events_url]
             args += ["--ramp", str(ramp_s)]
             if stats is not None:
                 args += ["--stats", str(stats / f"swarm-{k}.json"), "--mark", str(stats / "mark")]

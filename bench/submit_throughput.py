@@ -1,9 +1,12 @@
 """Jobs per second from API submit to running, on the real stack.
 
-    .venv/bin/python -m bench.submit_throughput [--jobs 400] [--nodes 50] [--clients 8] [--web-workers 3]
+    .venv/bin/python -m bench.submit_throughput [--jobs 400] [--nodes 50] [--clients 8] [--web-workers 3] [--no-watch]
 
 Starts gunicorn (the portal, PostgreSQL and Redis), a Celery worker for the scheduling cycle,
-beat, and the real agent of every node (simulated GPUs) in a process of their own; then K
+beat, the events service (uvicorn, as deployed; not with `--no-watch`), and the real agent of
+every node (simulated GPUs) in a process of their own, watching their assignments on the events
+service and polling every `--poll` seconds only while the watch is down (with `--no-watch`:
+polling every `--poll` seconds, as before the watch); then K
 clients submit N one-GPU jobs over HTTP as fast as they can. Reported: submit rate, end-to-end
 jobs/s from the first submit until the last job is running (its agent has started its
 process), and where the CPU went meanwhile. Target: >= 100 jobs/s on 2 cores.
@@ -75,7 +78,7 @@ def one_run(args: argparse.Namespace, first: bool) -> Run:
     url = f"http://127.0.0.1:{args.port}"
     secret, tokens = seed(args.nodes, url)
     teardown()
-    stack = Stack(db_url, args.port, args.web_workers, "scheduler,default")
+    stack = Stack(db_url, args.port, args.web_workers, "scheduler,default", events=args.watch)
     try:
         stack.start()
         stack.swarm(tokens, processes=1, poll_s=args.poll)
@@ -119,6 +122,8 @@ def one_run(args: argparse.Namespace, first: bool) -> Run:
             "Celery beat": stack.procs[2].pid,
             "simulated agents": stack.swarms[0].pid,
         }
+        if stack.events is not None:
+            groups["events service (uvicorn)"] = stack.events.pid
         session = requests.Session()
         session.headers["Authorization"] = f"Bearer {secret}"
         cpu_before = cpu_seconds(groups)
@@ -156,6 +161,13 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=3)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--poll", type=float, default=0.5, help="agent poll interval (s)")
+    parser.add_argument(
+        "--no-watch",
+        dest="watch",
+        action="store_false",
+        help="no events service: the agents poll every --poll seconds (the design before the "
+        "watch)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="each on a fresh stack; medians")
     parser.add_argument("--no-docs", action="store_true", help="only print")
     args = parser.parse_args()
@@ -211,9 +223,15 @@ def main() -> None:
         f"`{command_line('bench.submit_throughput')}` — gunicorn ({args.web_workers} workers × 4 "
         "threads, persistent DB connections as in production), one Celery worker, beat every "
         "second, PostgreSQL and Redis on this 2-core machine; the nodes' real agents (simulated "
-        f"GPUs) in one process of their own sync every {args.poll:g} s (started reports and "
-        "assignments in one round trip; `unchanged` costs no SQL) and report each start at "
-        f"once; {args.clients} client threads submit over keep-alive connections, after 48 "
+        "GPUs) in one process of their own "
+        + (
+            "watch their assignments on the events service (uvicorn, one worker) and sync when "
+            f"told (polling every {args.poll:g} s only while the watch is down)"
+            if args.watch
+            else f"sync every {args.poll:g} s"
+        )
+        + " (started reports and assignments in one round trip; `unchanged` costs no SQL) and "
+        f"report each start at once; {args.clients} client threads submit over keep-alive connections, after 48 "
         "submissions that admission rejects have warmed every web worker up. Each run on a "
         "fresh database and stack; the last job's start is timed by its JobEvent.\n\n"
         + table
