@@ -113,6 +113,9 @@ def test_ctrl_c_stops_a_long_run_with_the_partial_result(tmp_path: Path) -> None
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # as from a terminal: a suite started in the background inherits SIGINT ignored, and
+        # Python then never turns it into KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr is not None
     seen = b""
