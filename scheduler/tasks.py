@@ -6,17 +6,15 @@ import logging
 import time
 
 from celery import shared_task
-from django.core.cache import cache
 
 from portal.locks import single_flight
-from scheduler import estimates, ports
+from scheduler import cycle_requests, estimates, ports
 from scheduler.backends.slurm.tasks import (  # noqa: F401  (registers them)
     slurm_limits,
     slurm_limits_project,
     slurm_sync,
 )
 from scheduler.cycle import run_cycle
-from scheduler.cycle_requests import CYCLE_REQUESTED, CYCLE_RETRY_SECONDS
 from scheduler.notices import job_notices_send
 
 log = logging.getLogger(__name__)
@@ -24,35 +22,53 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="scheduler.cycle", ignore_result=True, time_limit=60, soft_time_limit=50)
 def scheduling_cycle() -> dict[str, int] | None:
-    """One scheduling cycle, single-flight: a cycle already running makes this one a retry
-    after it, so that no request is left waiting for beat."""
-    cache.delete(CYCLE_REQUESTED)  # requests from now on need a cycle after this one
+    """Scheduling cycles, single-flight: passes back to back while requests keep coming (a burst
+    of submits costs one task message), then hands requests back to `request_cycle`.
+
+    A task that finds a cycle running leaves its request to that cycle (`cycle_requests`)."""
+    eager = scheduling_cycle.request.is_eager
     # The lock outlives the hard time limit, so a killed cycle frees it within a minute.
     with single_flight("scheduler-cycle", ttl=65) as acquired:
         if not acquired:
             # The cycle running now may have read the queue before the job that asked for this
-            # one was committed: run once more after it, coalesced like any request. (An eager
-            # call, run inline by its caller, is not repeated.)
-            if not scheduling_cycle.request.is_eager and cache.add(CYCLE_REQUESTED, 1, timeout=5):
-                scheduling_cycle.apply_async(countdown=CYCLE_RETRY_SECONDS)
+            # one was committed: it plans once more, unless it has just finished; then run
+            # after it. (An eager call, run inline by its caller, is not repeated.)
+            if not eager and cycle_requests.request_deferred():
+                scheduling_cycle.apply_async(countdown=cycle_requests.CYCLE_RETRY_SECONDS)
             return None
+        totals = _passes(once=eager)
+    if cycle_requests.requests_release():
+        scheduling_cycle.apply_async()  # a request came as this one finished
+    return totals
+
+
+def _passes(*, once: bool) -> dict[str, int]:
+    """Cycles while requests came during the last one (at most `CYCLE_LOOP_SECONDS`)."""
+    placed = preempted = 0
+    started = time.monotonic()
+    while True:
+        began = time.monotonic()
+        cycle_requests.pass_begin()
         result = run_cycle()
-    ended_at = time.time()
-    for listener in ports.CYCLE_LISTENERS:
-        listener(seconds=result.seconds, at=ended_at, placed=len(result.placed))
-    if result.placed or result.preempted:
-        log.info(
-            "cycle: placed %d, preempted %d, pending %d in %.3fs",
-            len(result.placed),
-            len(result.preempted),
-            result.pending,
-            result.seconds,
-        )
-    return {
-        "placed": len(result.placed),
-        "preempted": len(result.preempted),
-        "pending": result.pending,
-    }
+        ended_at = time.time()
+        for listener in ports.CYCLE_LISTENERS:
+            listener(seconds=result.seconds, at=ended_at, placed=len(result.placed))
+        if result.placed or result.preempted:
+            log.info(
+                "cycle: placed %d, preempted %d, pending %d in %.3fs",
+                len(result.placed),
+                len(result.preempted),
+                result.pending,
+                result.seconds,
+            )
+        placed += len(result.placed)
+        preempted += len(result.preempted)
+        if once or not cycle_requests.requested_since_pass():
+            break
+        if time.monotonic() - started > cycle_requests.CYCLE_LOOP_SECONDS:
+            break  # `requests_release` sends a fresh task for what came since
+        time.sleep(max(0.0, began + cycle_requests.CYCLE_BATCH_SECONDS - time.monotonic()))
+    return {"placed": placed, "preempted": preempted, "pending": result.pending}
 
 
 @shared_task(name="scheduler.health_sweep", ignore_result=True, time_limit=60, soft_time_limit=50)

@@ -66,3 +66,94 @@ def test_a_request_that_finds_a_cycle_running_is_served_after_it(
         time.sleep(1.0)  # the requested cycle found the lock taken
         assert Job.objects.get(pk=job_id).state == JobState.QUEUED
     wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.SCHEDULED, timeout=10)
+
+
+def _cycle_queue(settings):  # type: ignore[no-untyped-def]
+    from django.core.cache import cache
+
+    from portal.locks import redis_client
+    from scheduler.cycle_requests import CYCLE_DIRTY, CYCLE_REQUESTED
+
+    cache.delete_many([CYCLE_REQUESTED, CYCLE_DIRTY])
+    queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "scheduler"
+    client = redis_client()
+    client.delete(queue)
+    return lambda: client.llen(queue), lambda: client.delete(queue)
+
+
+@pytest.mark.django_db
+def test_requests_while_a_cycle_runs_send_no_task_and_make_it_plan_again(settings):
+    from scheduler import cycle_requests
+    from scheduler.cycle_requests import request_cycle
+
+    sent, clear = _cycle_queue(settings)
+    cycle_requests.pass_begin()  # a cycle is running, past its read of the queue
+    assert not cycle_requests.requested_since_pass()
+    for _ in range(3):
+        request_cycle()
+    assert sent() == 0
+    assert cycle_requests.requested_since_pass()  # it plans once more after this pass
+    cycle_requests.pass_begin()  # that pass reads the queue, with every request in it
+    assert not cycle_requests.requested_since_pass()
+    assert not cycle_requests.requests_release()  # nothing came since: it sends nothing
+    request_cycle()
+    assert sent() == 1  # no cycle running: a request sends the task
+    clear()
+
+
+@pytest.mark.django_db
+def test_a_request_that_comes_as_a_cycle_finishes_gets_a_task(settings):
+    from scheduler import cycle_requests
+    from scheduler.cycle_requests import request_cycle
+
+    sent, clear = _cycle_queue(settings)
+    cycle_requests.pass_begin()
+    assert not cycle_requests.requested_since_pass()  # its last look: nothing new
+    request_cycle()  # still the running cycle's flag: the request sends nothing itself
+    assert sent() == 0
+    assert cycle_requests.requests_release()  # so the finishing cycle sends a task for it
+    request_cycle()
+    assert sent() == 0  # later requests coalesce onto that task
+    clear()
+
+
+def test_a_job_submitted_during_a_pass_is_planned_by_the_same_task(
+    celery_live_worker, team, fleet, api
+):
+    """One task message for a burst: the running cycle plans again for what came meanwhile."""
+    from celery.signals import task_prerun
+
+    from scheduler import ports
+    from scheduler.admission import JobSpec, job_submit
+
+    cycles: list[str] = []
+    later: list[int] = []
+
+    def counted(sender=None, **_kw):  # type: ignore[no-untyped-def]
+        if sender is not None and sender.name == "scheduler.cycle":
+            cycles.append(sender.name)
+
+    def submit_during_the_pass(**_kw):  # type: ignore[no-untyped-def]
+        if not later:  # a submit that arrives after this pass read the queue
+            job = job_submit(
+                actor=team["member"],
+                project=team["a"],
+                spec=JobSpec(name="later", command="true", gpus=1),
+            )[0]
+            later.append(job.pk)
+
+    task_prerun.connect(counted, weak=False)
+    try:
+        with ports.CYCLE_LISTENERS.override([submit_during_the_pass]):
+            resp = api(team["member"]).post(
+                "/api/v1/jobs",
+                {"project": "alpha", "name": "first", "command": "true", "gpus": 1},
+                format="json",
+            )
+            first = resp.json()["id"]
+            wait_for(lambda: Job.objects.get(pk=first).state == JobState.SCHEDULED)
+            wait_for(lambda: later and Job.objects.get(pk=later[0]).state == JobState.SCHEDULED)
+            time.sleep(0.5)
+    finally:
+        task_prerun.disconnect(counted)
+    assert cycles == ["scheduler.cycle"]
