@@ -139,6 +139,27 @@ def budget_check(*, project: Project, spec: JobSpec, now: datetime) -> Verdict |
     )
 
 
+class HardCapRow(NamedTuple):
+    project_id: int
+    monthly_amount: Decimal
+    preemptible_allowance_percent: int
+
+
+# Fast path (`bench.cycle_cost`: the cycle's fixed cost): every cycle that plans asks both
+# ports below, and building these querysets cost more CPU than answering them.
+_PAYMENT_OVERDUE = CompiledQuery(
+    lambda project_ids, cutoff: ProjectBilling.objects.filter(
+        AnyOf(F("project_id"), project_ids), account__payment_failed_at__lte=cutoff
+    ).values_list("project_id")
+)
+_HARD_CAPS = CompiledQuery(
+    lambda project_ids: Budget.objects.filter(
+        AnyOf(F("project_id"), project_ids), hard_cap=True
+    ).values_list("project_id", "monthly_amount", "preemptible_allowance_percent"),
+    row=HardCapRow,
+)
+
+
 def projects_over_budget(*, project_ids: set[int]) -> set[int]:
     """The scheduler port `BUDGET_GATE`: projects whose queued jobs must wait."""
     if not project_ids:
@@ -146,12 +167,8 @@ def projects_over_budget(*, project_ids: set[int]) -> set[int]:
     now = timezone.now()
     ids = list(project_ids)
     cutoff = now - timedelta(days=settings.BILLING_PAYMENT_GRACE_DAYS)
-    out = set(
-        ProjectBilling.objects.filter(
-            AnyOf(F("project_id"), ids), account__payment_failed_at__lte=cutoff
-        ).values_list("project_id", flat=True)
-    )
-    budgets = list(Budget.objects.filter(AnyOf(F("project_id"), ids), hard_cap=True))
+    out = {project_id for (project_id,) in _PAYMENT_OVERDUE.rows(project_ids=ids, cutoff=cutoff)}
+    budgets = _HARD_CAPS.rows(project_ids=ids)
     if budgets:
         spend = selectors.project_spend(project_ids={b.project_id for b in budgets}, now=now)
         for budget in budgets:
@@ -166,7 +183,7 @@ def projects_at_cap(*, project_ids: set[int]) -> set[int]:
     non-preemptible jobs wait (a job the cap stopped does not start again)."""
     if not project_ids:
         return set()
-    budgets = list(Budget.objects.filter(AnyOf(F("project_id"), list(project_ids)), hard_cap=True))
+    budgets = _HARD_CAPS.rows(project_ids=list(project_ids))
     if not budgets:
         return set()
     spend = selectors.project_spend(project_ids={b.project_id for b in budgets})

@@ -30,6 +30,7 @@ from billing.models import (
 )
 from billing.pricing import period_bounds
 from billing.rates import PriceTable
+from portal.db import CompiledQuery
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to
@@ -297,15 +298,19 @@ def jobs_cost_port(
     return jobs_cost(job_ids, since=since, now=now)
 
 
+# Fast path (`bench.cycle_cost`: the cycle's fixed cost): every cycle that plans reads it, and
+# building the queryset cost more CPU than answering it.
+_ACTIVE_PLANS = CompiledQuery(
+    lambda now: ReservedPlan.objects.filter(starts_at__lte=now, ends_at__gt=now).values_list(
+        "account_id", "project__slug", "gpu_model__name", "gpus"
+    )
+)
+
+
 def reserved_gpus_by_project(*, now: datetime | None = None) -> dict[str, dict[str, int]]:
     """Scheduler snapshot: project slug → GPU model name → GPUs guaranteed by active reserved
     plans (a plan without a project belongs to its account's only project)."""
-    now = now or timezone.now()
-    plans = list(
-        ReservedPlan.objects.filter(starts_at__lte=now, ends_at__gt=now).values_list(
-            "account_id", "project__slug", "gpu_model__name", "gpus"
-        )
-    )
+    plans = _ACTIVE_PLANS.rows(now=now or timezone.now())
     sole: dict[int, str] = {}
     unassigned = {account_id for account_id, project_slug, _, _ in plans if project_slug is None}
     if unassigned:

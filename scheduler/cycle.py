@@ -79,6 +79,8 @@ class CycleInput:
     )
     # The idle GPUs held for grows in flight, by job (`elastic.holds`): taken, for apply too.
     holds: dict[int, list[elastic.Held]] = field(default_factory=dict)
+    # Each queued job's project id, for the pages told of what the cycle did to it.
+    project_of: dict[int, int] = field(default_factory=dict)
 
 
 def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobRequest:
@@ -308,6 +310,7 @@ def build_state(
     none: frozenset[int] = frozenset()
     queue = []
     pending_now = {}
+    project_of = {}
     for r in queued:
         text = r.precisions_json
         if text not in decoded:
@@ -325,6 +328,7 @@ def build_state(
             )
         )
         project_ids.add(r.project_id)
+        project_of[pk] = r.project_id
         pending_now[pk] = (
             r.pending_reason,
             r.pending_message,
@@ -365,7 +369,13 @@ def build_state(
         quotas=project_quotas,
         model_precisions=model_precisions,
     )
-    return CycleInput(snapshot=snapshot, queue=queue, pending_now=pending_now, holds=holds)
+    return CycleInput(
+        snapshot=snapshot,
+        queue=queue,
+        pending_now=pending_now,
+        holds=holds,
+        project_of=project_of,
+    )
 
 
 def policy_config() -> PolicyConfig:
@@ -453,12 +463,16 @@ def apply_plan(decided: Plan, state: CycleInput, *, now: datetime) -> CycleResul
     """
     if not decided.placements and not decided.preemptions and not decided.resizes:
         return CycleResult(pending=len(decided.pending))
-    return _apply_plan_locked(decided, now=now, holds=state.holds)
+    return _apply_plan_locked(decided, now=now, holds=state.holds, project_of=state.project_of)
 
 
 @transaction.atomic
 def _apply_plan_locked(
-    decided: Plan, *, now: datetime, holds: dict[int, list[elastic.Held]]
+    decided: Plan,
+    *,
+    now: datetime,
+    holds: dict[int, list[elastic.Held]],
+    project_of: dict[int, int],
 ) -> CycleResult:
     result = CycleResult(pending=len(decided.pending))
     touched = sorted({s.gpu_id for p in decided.placements for s in p.shares})
@@ -592,6 +606,8 @@ def _apply_plan_locked(
             "estimated_start_at",
             "rendezvous_port",
         ),
+        nodes_of={job_id: [node for node, _ in nodes] for job_id, _, nodes in gang_nodes},
+        project_of=project_of,
     )
 
     for resize in decided.resizes:
@@ -656,7 +672,9 @@ def record_pending(
         [(pk, *new) for pk, new in changed.items()],
         skip_locked_where={"state": JobState.QUEUED},
     )
-    jobs_changed(list(changed))  # their pages and the queue (a skipped row: a spare refresh)
+    jobs_changed(
+        list(changed), project_of=state.project_of
+    )  # their pages and the queue (a skipped row: a spare refresh)
     return updated
 
 

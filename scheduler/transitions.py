@@ -5,7 +5,7 @@ Every transition writes a JobEvent (who, when, why) in the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -148,6 +148,8 @@ def jobs_transition_bulk(
     update_fields: Sequence[str] = (),
     now: datetime | None = None,
     end_reason: str | None = None,
+    nodes_of: Mapping[int, Collection[int]] | None = None,
+    project_of: Mapping[int, int] | None = None,
 ) -> int:
     """`job_transition` for many jobs at once (the scheduling cycle's placements, a Slurm sync
     pass's changes).
@@ -158,6 +160,9 @@ def jobs_transition_bulk(
     behind ends the jobs' open allocations (`end_reason`, or the target state's) in one
     statement; a move to a final state clears the wait fields and sets `finished_at`, as
     `job_transition` does.
+
+    `nodes_of` (each job's nodes) and `project_of` (its project), from a caller that knows
+    them for every row (the cycle, which has just placed the jobs), spare reading them back.
     """
     if not rows:
         return 0
@@ -211,7 +216,11 @@ def jobs_transition_bulk(
     job_notices_after_commit(
         [(e[0], kind, e[6]) for e in events if (kind := notice_kind(e[2], to)) is not None]
     )
-    if moved_on_nodes or ((placed or released) and ports.ALLOCATION_LISTENERS):
+    if nodes_of is not None:
+        pairs = [
+            (job, node) for job in {*moved_on_nodes, *placed, *released} for node in nodes_of[job]
+        ]
+    elif moved_on_nodes or ((placed or released) and ports.ALLOCATION_LISTENERS):
         # the caller created the placed jobs' allocations before this call
         pairs = list(
             Allocation.objects.filter(
@@ -230,17 +239,22 @@ def jobs_transition_bulk(
         assignments_changed({node for job, node in pairs if job in moved})
         if changed:
             ports.allocations_changed(node_ids={node for job, node in pairs if job in changed})
-    jobs_changed([row[0] for row in rows])
+    jobs_changed([row[0] for row in rows], project_of=project_of)
     return updated
 
 
-def jobs_changed(job_ids: Sequence[int]) -> None:
+def jobs_changed(job_ids: Sequence[int], *, project_of: Mapping[int, int] | None = None) -> None:
     """Tell the pages of these jobs and their projects' queues, after commit (`portal.push`).
-    One read of the jobs' projects, made only where pushed updates are on."""
-    if job_ids and push.enabled():
-        push.jobs_changed(
-            Job.objects.filter(AnyOf(F("pk"), list(job_ids))).values_list("pk", "project_id")
-        )
+    One read of the jobs' projects (unless `project_of` has them), made only where pushed
+    updates are on."""
+    if not job_ids or not push.enabled():
+        return
+    if project_of is not None:
+        push.jobs_changed([(pk, project_of[pk]) for pk in job_ids])
+        return
+    push.jobs_changed(
+        Job.objects.filter(AnyOf(F("pk"), list(job_ids))).values_list("pk", "project_id")
+    )
 
 
 JOB_EVENT_FIELDS = (
