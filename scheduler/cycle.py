@@ -178,6 +178,23 @@ def _decayed_usage(
     return usage
 
 
+class _Reused:
+    """The previous snapshot's running work and GPU views, each with the rows it was made from.
+
+    A burst's passes, a quarter of a second apart, read the same running jobs and GPUs again
+    (`bench.cycle_cost`: the per-allocation and per-node terms); a value whose rows are unchanged
+    is taken again instead of rebuilt. The values are immutable, so two builders at once (the
+    cycle and the availability estimate) at worst rebuild more."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, tuple[tuple[Any, ...], RunningWork]] = {}
+        self.gpus: dict[int, tuple[tuple[Any, ...], GpuView]] = {}
+
+
+_REUSE = _Reused()
+_RUNNING, _PREEMPTING = JobState.RUNNING.value, JobState.PREEMPTING.value
+
+
 def node_unavailable(state: str, fenced: bool, has_spoken: bool) -> str:
     """Why a node takes no work, in words for a waiting job's reason ("" when it takes work)."""
     if state != Node.State.READY:
@@ -227,26 +244,36 @@ def build_state(
     node_mem: dict[int, int] = defaultdict(int)
     running: list[RunningWork] = []
     project_ids: set[int] = set()
+    reused, kept = _REUSE.running, {}  # see `_Reused`
     for job_id, allocs in by_job.items():
         job = allocs[0]  # the job's columns repeat on each of its allocation rows
         project_ids.add(job.project_id)
-        per_node: dict[int, int] = defaultdict(int)
-        for a in allocs:
-            per_node[a.node_id] += 1
-        for node_id, count in per_node.items():
-            node_cpu[node_id] += job.job_cpu_milli * count // len(allocs)
-            node_mem[node_id] += job.job_memory_mib * count // len(allocs)
-        started_s = min(a.started_s for a in allocs)
+        if len(allocs) == 1:
+            node_cpu[job.node_id] += job.job_cpu_milli
+            node_mem[job.node_id] += job.job_memory_mib
+            started_s = job.started_s
+        else:
+            per_node: dict[int, int] = defaultdict(int)
+            for a in allocs:
+                per_node[a.node_id] += 1
+            for node_id, count in per_node.items():
+                node_cpu[node_id] += job.job_cpu_milli * count // len(allocs)
+                node_mem[node_id] += job.job_memory_mib * count // len(allocs)
+            started_s = min(a.started_s for a in allocs)
         # Only running work is resized: a job starting, or stopping for a resize already in
         # flight, is not planned again; it grows only once past its minimum runtime.
-        resizable = job.state == JobState.RUNNING
+        resizable = job.state == _RUNNING
         grows = resizable and now_s - started_s >= job.min_runtime_s
-        running.append(
-            RunningWork(
+        key = (allocs, grows)
+        known = reused.get(job_id)
+        if known is not None and known[0] == key:
+            work = known[1]
+        else:
+            work = RunningWork(
                 job_id=job_id,
                 project=job.project_slug,
                 priority=job.priority,
-                preemptible=(job.preemptible or job.borrowed) and job.state != JobState.PREEMPTING,
+                preemptible=(job.preemptible or job.borrowed) and job.state != _PREEMPTING,
                 started_at=started_s,
                 min_runtime_s=job.min_runtime_s,
                 runtime_estimate_s=planned_runtime_s(job.runtime_estimate_s, job.time_limit_s),
@@ -265,23 +292,32 @@ def build_state(
                 cpu_milli=job.job_cpu_milli,
                 memory_mib=job.job_memory_mib,
             )
-        )
+        kept[job_id] = (key, work)
+        running.append(work)
+    _REUSE.running = kept
 
     gpus_of: dict[int, list[GpuView]] = defaultdict(list)
+    reused_gpus, kept_gpus = _REUSE.gpus, {}
     for g in reads.GPUS.rows():
-        gpus_of[g.node_id].append(
-            GpuView(
+        gpu_key = (g, used_milli[g.pk], used_mem[g.pk])
+        known_gpu = reused_gpus.get(g.pk)
+        if known_gpu is not None and known_gpu[0] == gpu_key:
+            view = known_gpu[1]
+        else:
+            view = GpuView(
                 gpu_id=g.pk,
                 index=g.gpu_index,
                 model=g.model,
                 memory_mib=g.memory_mib,
                 capacity_milli=gpu_capacity_milli(g.sharing_mode, g.oversubscription),
-                used_milli=used_milli[g.pk],
-                used_memory_mib=used_mem[g.pk],
+                used_milli=gpu_key[1],
+                used_memory_mib=gpu_key[2],
                 sharing=g.sharing_mode,
                 healthy=g.health != Gpu.Health.UNHEALTHY,
             )
-        )
+        kept_gpus[g.pk] = (gpu_key, view)
+        gpus_of[g.node_id].append(view)
+    _REUSE.gpus = kept_gpus
     node_views = [
         NodeView(
             node_id=n.pk,

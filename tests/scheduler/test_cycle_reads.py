@@ -82,3 +82,32 @@ def test_a_preemption_unconfirmed_past_grace_is_requeued_once_a_minute_over(team
         job=job, from_state=JobState.PREEMPTING, to_state=JobState.QUEUED
     ).exists()
     assert not Allocation.objects.filter(job=job, ended_at__isnull=True, attempt=1).exists()
+
+
+@pytest.mark.django_db
+def test_a_snapshot_takes_again_only_what_has_not_changed_since_the_last(team, fleet):
+    """Running work and GPU views are taken from the previous snapshot while their rows are
+    unchanged, and built anew from the rows as soon as anything of them changes."""
+    from scheduler.cycle import build_state
+
+    spec = JobSpec(name="one", command="true", gpus=1)
+    (job,) = job_submit(actor=team["member"], project=team["a"], spec=spec)
+    assert run_cycle().placed == [job.pk]
+    now = timezone.now()
+    first = build_state(now=now, with_usage=False).snapshot
+    again = build_state(now=now, with_usage=False).snapshot
+    assert again == first
+    assert again.running[0] is first.running[0]  # taken again, not rebuilt
+    gpu_id = again.running[0].shares[0].gpu_id
+    Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, priority=7)
+    Gpu.objects.filter(pk=gpu_id).update(health=Gpu.Health.UNHEALTHY)
+    changed = build_state(now=now, with_usage=False).snapshot
+    assert changed.running[0].priority == 7
+    (view,) = [g for n in changed.nodes for g in n.gpus if g.gpu_id == gpu_id]
+    assert not view.healthy
+    Allocation.objects.filter(job=job).update(ended_at=now)
+    assert build_state(now=now, with_usage=False).snapshot.running == ()
+    views = {
+        g.gpu_id: g for n in build_state(now=now, with_usage=False).snapshot.nodes for g in n.gpus
+    }
+    assert views[gpu_id].used_milli == 0
