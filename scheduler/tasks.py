@@ -22,24 +22,28 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="scheduler.cycle", ignore_result=True, time_limit=60, soft_time_limit=50)
 def scheduling_cycle() -> dict[str, int] | None:
-    """Scheduling cycles, single-flight: passes back to back while requests keep coming (a burst
-    of submits costs one task message), then hands requests back to `request_cycle`.
+    """Scheduling cycles, single-flight: another pass while requests keep coming (a burst of
+    submits costs one task message), then requests go back to sending tasks.
 
     A task that finds a cycle running leaves its request to that cycle (`cycle_requests`)."""
     eager = scheduling_cycle.request.is_eager
-    # The lock outlives the hard time limit, so a killed cycle frees it within a minute.
-    with single_flight("scheduler-cycle", ttl=65) as acquired:
-        if not acquired:
-            # The cycle running now may have read the queue before the job that asked for this
-            # one was committed: it plans once more, unless it has just finished; then run
-            # after it. (An eager call, run inline by its caller, is not repeated.)
-            if not eager and cycle_requests.request_deferred():
-                scheduling_cycle.apply_async(countdown=cycle_requests.CYCLE_RETRY_SECONDS)
-            return None
-        totals = _passes(once=eager)
-    if cycle_requests.requests_release():
-        scheduling_cycle.apply_async()  # a request came as this one finished
-    return totals
+    ran = False
+    try:
+        # The lock outlives the hard time limit, so a killed cycle frees it within a minute.
+        with single_flight("scheduler-cycle", ttl=65) as acquired:
+            if not acquired:
+                # The cycle running now may have read the queue before the job that asked for
+                # this one was committed: it plans once more, unless it has just finished; then
+                # run after it. (An eager call, run inline by its caller, is not repeated.)
+                if not eager and cycle_requests.request_deferred():
+                    scheduling_cycle.apply_async(countdown=cycle_requests.CYCLE_RETRY_SECONDS)
+                return None
+            ran = True
+            return _passes(once=eager)
+    finally:
+        # The lock is released; a pass that failed hands its requests back as well.
+        if ran and cycle_requests.requests_release():
+            scheduling_cycle.apply_async()  # a request came as this one finished
 
 
 def _passes(*, once: bool) -> dict[str, int]:

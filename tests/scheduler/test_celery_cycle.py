@@ -157,3 +157,23 @@ def test_a_job_submitted_during_a_pass_is_planned_by_the_same_task(
     finally:
         task_prerun.disconnect(counted)
     assert cycles == ["scheduler.cycle"]
+
+
+@pytest.mark.django_db
+def test_a_cycle_that_fails_hands_its_requests_back(settings, team, fleet):
+    """A pass that raises still lets requests through: the one that came during it gets a task."""
+    from scheduler import ports
+    from scheduler.cycle_requests import request_cycle
+
+    sent, clear = _cycle_queue(settings)
+
+    def fails_after_a_request(**_kw):  # type: ignore[no-untyped-def]
+        request_cycle()  # a submit during the pass
+        raise RuntimeError("the pass failed")
+
+    with ports.CYCLE_LISTENERS.override([fails_after_a_request]), pytest.raises(RuntimeError):
+        scheduling_cycle.apply(throw=True)
+    assert sent() == 1
+    request_cycle()
+    assert sent() == 1  # coalesced onto that task
+    clear()
