@@ -22,7 +22,8 @@ FENCED = {
             "scheduler/admission.py",  # the submission's count of its project's queue
             "scheduler/cycle_reads.py",
             "scheduler/selectors.py",  # the submission's GPU model
-            "billing/admission.py",  # the submission's payment standing and budget
+            "billing/admission.py",  # the submission's payment standing and budget; the cycle's
+            "billing/selectors.py",  # the cycle's reserved plans
             "scheduler/nodes/assignments.py",  # an agent's assignments
             "scheduler/nodes/reports.py",  # the jobs and attempts a sync's reports touch
             "scheduler/nodes/tokens.py",  # the node behind an agent's token
