@@ -59,4 +59,5 @@ deploy-check: venv ## Django's deployment checks with production settings
 	DJANGO_SECRET_KEY="$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')" \
 	DATABASE_URL=postgres://portal@db.invalid/portal DJANGO_ALLOWED_HOSTS=portal.example.org \
 	REDIS_URL=redis://:deploy-check@redis.invalid:6379/0 \
-	$(PY) manage.py check --deploy --fail-level WARNING
+	sh -c '$(PY) manage.py check --deploy --fail-level WARNING && \
+	PORTAL_URLCONF=config.urls_agent $(PY) manage.py check --deploy --fail-level WARNING'

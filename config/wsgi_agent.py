@@ -1,6 +1,7 @@
 """WSGI entry point of the agent API pool (gunicorn -c deploy/gunicorn_agent.py config.wsgi_agent).
 
-The same settings as the web tier, with the agent-only URL conf (config/urls_agent.py).
+The same settings as the web tier, with the agent-only URL conf (config/urls_agent.py) and,
+chosen by it, the agent pool's own middleware (`AGENT_POOL_MIDDLEWARE` in config/settings/base.py).
 """
 
 import os

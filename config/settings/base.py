@@ -59,6 +59,25 @@ MIDDLEWARE = [
 
 # The agent API pool runs with its own URL conf (config/wsgi_agent.py sets it).
 ROOT_URLCONF = env("PORTAL_URLCONF", default="config.urls")
+# ...and its own middleware: node agents authenticate with a node token in every request and
+# load balancers probe; neither has a session, a CSRF cookie, a page or a static file, so none
+# of the web's session, CSRF, login, two-factor, messages, htmx, project or WhiteNoise layers
+# runs there (bench.agent_cost). What stays: the request id, the client's address behind
+# trusted proxies (throttles, audit events), HTTPS and the security headers. Errors are
+# answered by DRF's handler (portal/api/errors.py), as on the web tier.
+AGENT_POOL_MIDDLEWARE = [
+    "portal.logs.RequestIdMiddleware",
+    "portal.clientip.ClientAddressMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "portal.middleware.SecurityHeadersMiddleware",
+    "portal.middleware.RequestContextMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+if ROOT_URLCONF == "config.urls_agent":
+    MIDDLEWARE = AGENT_POOL_MIDDLEWARE
+    # The admin's checks ask for sessions, login and messages, which the admin needs; this
+    # pool serves no admin page. CSRF protects cookie sessions, and no request here has one.
+    SILENCED_SYSTEM_CHECKS = ["admin.E408", "admin.E409", "admin.E410", "security.W003"]
 WSGI_APPLICATION = "config.wsgi.application"
 AUTH_USER_MODEL = "portal.User"
 # Every login path checks the lockout (portal/auth_events.py); OIDC adds its backend below.
