@@ -5,7 +5,8 @@ back to back.
 Justified by `bench.cycle_scale` (the cycle's reads and writes), `bench.bulk_rows` (these
 writes against Django's `bulk_create` / `bulk_update`: about 2× and 30× slower on the cycle's
 rows), `bench.submit_throughput` (`insert_instances`, per-submission compiled reads) and
-`bench.slurm_metering` (usage records and meters written by `insert_rows`).
+`bench.slurm_metering` (usage records and meters written by `insert_rows`) and `bench.agent_cost`
+(the heartbeat's compiled read of the curated images).
 
 On PostgreSQL every column travels as one array parameter and the statement reads them back
 with `unnest`, so the SQL stays a few lines long whatever the row count (no per-row

@@ -7,6 +7,7 @@ import re
 
 from django.conf import settings
 
+from portal.db import CompiledQuery
 from portal.errors import DomainError
 from scheduler.models import AllowedRegistry, CuratedImage
 
@@ -49,13 +50,17 @@ def image_check(reference: str) -> None:
         )
 
 
+# Compiled once: every heartbeat answer lists them (`bench.agent_cost`).
+_KEPT_PULLED = CompiledQuery(
+    lambda: (
+        CuratedImage.objects.filter(is_active=True).order_by("reference").values_list("reference")
+    )
+)
+
+
 def images_to_keep_pulled() -> list[str]:
     """The curated images warm nodes keep pulled (told in every heartbeat answer)."""
-    return list(
-        CuratedImage.objects.filter(is_active=True)
-        .order_by("reference")
-        .values_list("reference", flat=True)
-    )
+    return [reference for (reference,) in _KEPT_PULLED.rows()]
 
 
 def curated_image_list() -> list[CuratedImage]:

@@ -58,14 +58,23 @@ class AgentPrincipal:
     def node(self) -> Node:
         return self._node if self._node is not None else self.fresh_node()
 
+    @property
+    def token_hash(self) -> str:
+        return self._token_hash
+
     def fresh_node(self) -> Node:
         """The node as the database has it now, its token checked there."""
         node = nodes.node_for_agent_token_hash(self._token_hash, self.node_id)
         if node is None:
-            nodes.agent_token_forget(self._token_hash)
-            raise exceptions.AuthenticationFailed("Unknown or retired node token.")
+            raise self.refused()
         self._node = node
         return node
+
+    def refused(self) -> exceptions.AuthenticationFailed:
+        """The database no longer knows the token (issued anew, node retired): neither does
+        the cache from now on."""
+        nodes.agent_token_forget(self._token_hash)
+        return exceptions.AuthenticationFailed("Unknown or retired node token.")
 
     def __str__(self) -> str:
         return f"agent:{self.node_id}"
@@ -189,9 +198,16 @@ class HeartbeatView(AgentView):
     @extend_schema(request=HeartbeatSerializer, responses={200: answers.HeartbeatAnswer})
     def post(self, request: Request) -> Response:
         data = fastparse.plain_heartbeat(request.data) or _parse(HeartbeatSerializer, request)
+        agent: AgentPrincipal = request.user  # type: ignore[assignment]
+        # the token is checked in the database by the statement that records the heartbeat
         node = nodes.node_heartbeat(
-            node=self.node, telemetry=data["telemetry"], running=data["running"]
+            node_id=agent.node_id,
+            token_hash=agent.token_hash,
+            telemetry=data["telemetry"],
+            running=data["running"],
         )
+        if node is None:
+            raise agent.refused()
         return Response({"ok": True, "fenced": node.fenced, "images": images_to_keep_pulled()})
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
+from django.core.cache import cache
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections, connection
@@ -23,6 +24,7 @@ from django.test import override_settings
 
 from portal.models import AuditEvent
 from scheduler.models import Node
+from scheduler.nodes import agent_token_hash, agent_token_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,13 +139,15 @@ def test_the_agent_pool_answers_syncs_and_heartbeats_with_ids_and_security_heade
     idle = pool.call("POST", "/api/agent/v1/sync", token, {"version": version, "reports": []})
     assert idle.json() == {"unchanged": True, "version": version, "results": []}
 
+    audits = AuditEvent.objects.count()
     beat = pool.call(
         "POST", "/api/agent/v1/heartbeat", token, _beat(node), X_REQUEST_ID="lb-0123456789abcdef"
     )
     assert beat.status_code == 200, beat.body
     assert beat.json() == {"ok": True, "fenced": False, "images": []}
     node.refresh_from_db()
-    assert node.last_heartbeat_at is not None
+    assert node.last_heartbeat_at is not None and node.state == Node.State.READY
+    assert AuditEvent.objects.count() == audits  # a plain heartbeat changes no state
     headers = beat.headers
     assert headers["X-Request-ID"] == "lb-0123456789abcdef"
     assert "default-src 'self'" in headers["Content-Security-Policy"]
@@ -201,3 +205,19 @@ def test_domain_errors_and_database_conflicts_are_mapped_in_the_agent_pool(pool,
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = 0")
     assert pool.call("POST", "/api/agent/v1/heartbeat", token, _beat(node)).status_code == 200
+
+
+def test_a_heartbeat_whose_token_no_longer_names_a_live_node_records_nothing(pool, fleet):
+    """The cache still vouches for the token (it forgets on commit; here it never heard),
+    the database does not: 401, the cache forgets, the node's row is left alone."""
+    node, token = fleet["nodes"]["h1"], fleet["tokens"]["h1"]
+    assert pool.call("POST", "/api/agent/v1/heartbeat", token, _beat(node)).status_code == 200
+    Node.objects.filter(pk=node.pk).update(state=Node.State.RETIRED)
+    before = Node.objects.get(pk=node.pk).last_heartbeat_at
+    assert cache.get(agent_token_key(agent_token_hash(token))) == node.pk
+
+    refused = pool.call("POST", "/api/agent/v1/heartbeat", token, _beat(node))
+
+    assert refused.status_code == 401
+    assert Node.objects.get(pk=node.pk).last_heartbeat_at == before
+    assert cache.get(agent_token_key(agent_token_hash(token))) is None

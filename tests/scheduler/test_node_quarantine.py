@@ -150,6 +150,6 @@ def test_a_quarantined_node_lost_and_back_stays_quarantined(fleet, registered, s
     assert h1.pk in lost_nodes_sweep()
     h1.refresh_from_db()
     assert h1.state == Node.State.LOST
-    node_heartbeat(node=h1, telemetry=[], running=[])
+    node_heartbeat(node_id=h1.pk, token_hash=h1.agent_token_hash, telemetry=[], running=[])
     h1.refresh_from_db()
     assert h1.state == Node.State.QUARANTINED
