@@ -40,8 +40,9 @@ def _record_sql() -> str:
     """The statement of `_heartbeat_record` on PostgreSQL, built once from the models."""
     qn = connection.ops.quote_name
 
-    def col(model: type[Node] | type[Gpu], name: str) -> str:
-        return qn(str(model._meta.get_field(name).column))
+    def col(model: type[Node] | type[Gpu], attname: str) -> str:
+        field = next(f for f in model._meta.concrete_fields if f.attname == attname)
+        return qn(str(field.column))
 
     node_cols = ", ".join(col(Node, f) for f in NODE_FIELDS)
     gpu_cols = ", ".join(f"g.{col(Gpu, f)}" for f in concrete_columns(Gpu))
@@ -51,7 +52,7 @@ def _record_sql() -> str:
         f"WHERE {col(Node, 'id')} = %s AND {col(Node, 'agent_token_hash')} = %s "
         f"AND {col(Node, 'state')} <> %s RETURNING {node_cols}) "
         f"SELECT n.*, {gpu_cols} FROM n LEFT JOIN {qn(Gpu._meta.db_table)} g "
-        f"ON g.{col(Gpu, 'node')} = n.{col(Node, 'id')} ORDER BY g.{col(Gpu, 'index')}"
+        f"ON g.{col(Gpu, 'node_id')} = n.{col(Node, 'id')} ORDER BY g.{col(Gpu, 'index')}"
     )
 
 
