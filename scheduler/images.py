@@ -1,5 +1,9 @@
 """Container images: which registry an image reference names, whether it is allowed, and the
-curated images warm nodes keep pulled."""
+curated images warm nodes keep pulled.
+
+Fast path: the curated images every heartbeat answer lists are a compiled read
+(`_KEPT_PULLED`, `portal.db.CompiledQuery`); measured by `bench.agent_cost`.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +54,6 @@ def image_check(reference: str) -> None:
         )
 
 
-# Compiled once: every heartbeat answer lists them (`bench.agent_cost`).
 _KEPT_PULLED = CompiledQuery(
     lambda: (
         CuratedImage.objects.filter(is_active=True).order_by("reference").values_list("reference")

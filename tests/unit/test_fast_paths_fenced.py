@@ -27,6 +27,7 @@ FENCED = {
             "scheduler/nodes/assignments.py",  # an agent's assignments
             "scheduler/nodes/reports.py",  # the jobs and attempts a sync's reports touch
             "scheduler/nodes/tokens.py",  # the node behind an agent's token
+            "scheduler/images.py",  # the curated images every heartbeat answer lists
         },
     ),
     "raw SQL": (
@@ -37,6 +38,7 @@ FENCED = {
             "scheduler/admission.py",  # not yet fenced: the quota's shared lock
             "monitoring/rollups.py",
             "monitoring/ingest.py",
+            "scheduler/nodes/heartbeat.py",  # token, heartbeat and GPUs in one statement
         },
     ),
     "Lua script": (
@@ -79,6 +81,8 @@ def test_each_fenced_module_cites_its_benchmark():
         "scheduler/nodes/assignments.py",
         "scheduler/nodes/reports.py",
         "scheduler/nodes/tokens.py",
+        "scheduler/nodes/heartbeat.py",
+        "scheduler/images.py",
     }
     for rel in sorted(fenced):
         text = (ROOT / rel).read_text(encoding="utf-8")
