@@ -63,14 +63,16 @@ ROOT_URLCONF = env("PORTAL_URLCONF", default="config.urls")
 # load balancers probe; neither has a session, a CSRF cookie, a page or a static file, so none
 # of the web's session, CSRF, login, two-factor, messages, htmx, project or WhiteNoise layers
 # runs there (bench.agent_cost). What stays: the request id, the client's address behind
-# trusted proxies (throttles, audit events), HTTPS and the security headers. Errors are
-# answered by DRF's handler (portal/api/errors.py), as on the web tier.
+# trusted proxies (throttles, audit events), HTTPS and the security headers, ALLOWED_HOSTS and
+# Content-Length (CommonMiddleware). Errors are answered by DRF's handler
+# (portal/api/errors.py), as on the web tier.
 AGENT_POOL_MIDDLEWARE = [
     "portal.logs.RequestIdMiddleware",
     "portal.clientip.ClientAddressMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "portal.middleware.SecurityHeadersMiddleware",
     "portal.middleware.RequestContextMiddleware",
+    "django.middleware.common.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 if ROOT_URLCONF == "config.urls_agent":

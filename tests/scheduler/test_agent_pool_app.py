@@ -155,11 +155,14 @@ def test_the_agent_pool_answers_syncs_and_heartbeats_with_ids_and_security_heade
     assert headers["X-Frame-Options"] == "DENY"
     assert headers["Referrer-Policy"] == "same-origin"
     assert headers["Cross-Origin-Opener-Policy"] == "same-origin"
+    assert headers["Content-Length"] == str(len(beat.body))  # not chunked behind a balancer
     # no session, no CSRF cookie, nothing that varies by cookie
     assert "Set-Cookie" not in headers and "Cookie" not in headers.get("Vary", "")
     # agents and probes only: the web's pages are not here
     assert pool.call("GET", "/login/").status_code == 404
     assert pool.call("GET", "/healthz").json() == {"status": "ok"}
+    # ALLOWED_HOSTS holds here too
+    assert pool.call("GET", "/healthz", HOST="evil.example.org").status_code == 400
 
 
 def test_audit_events_see_the_client_behind_a_trusted_proxy(pool, fleet):
