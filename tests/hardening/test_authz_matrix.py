@@ -286,6 +286,9 @@ RULES: dict[str, Rule] = {
     # Pushed updates: signed-in callers only; under this (WSGI) client no stream, 204 (the
     # stream's own permissions per topic: tests/web/test_events.py, under ASGI).
     "events": Rule({"get": {**{r: 204 for r in ROLES}, "anonymous": 403, "agent": 403}}),
+    # An agent's watch: its node token only (no session, no personal token); under this WSGI
+    # client no stream, 204, and the agent polls (the stream: tests/web/test_events.py).
+    "events-agent": Rule({"get": {**{r: 401 for r in ROLES}, "agent": 204}}),
     "readyz": Rule({"get": {r: 200 for r in ROLES}}),
     "ops-nodes": Rule({"get": STAFF_PAGE}),
     "ops-node-detail": Rule({"get": STAFF_PAGE}),
