@@ -239,11 +239,11 @@ class SyncView(AgentView):
         if not data["assignments"]:
             return Response({"results": results})
         version = data.get("version")
-        # The version read with the token holds unless reports were applied since: they may
-        # have changed the assignments, so it is read again after them.
+        # The version read with the token holds unless reports applied since may have changed
+        # the assignments (an exit may; a start never does): then it is read again after them.
         current = (
             dispatch.assignments_version(agent.node_id)
-            if results
+            if results and nodes.reports_change_assignments(data["reports"])
             else agent.lookup.assignments_version
         )
         if version and current == version:

@@ -28,6 +28,7 @@ from scheduler.nodes.reports import (
     job_log_append,
     job_started,
     jobs_started,
+    reports_change_assignments,
 )
 from scheduler.nodes.tokens import (
     AGENT_TOKEN_PREFIX,
@@ -66,4 +67,5 @@ __all__ = [
     "node_issue_agent_token",
     "node_register",
     "node_set_state",
+    "reports_change_assignments",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from scheduler.models import Allocation, JobEvent, JobState
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.nodes import node_issue_agent_token
 
 pytestmark = pytest.mark.django_db
@@ -146,3 +146,44 @@ def test_only_reports_when_the_agent_wants_no_assignments(placed):
     body = {"reports": [{"kind": "started", "job_id": job.pk, "attempt": 1}], "assignments": False}
     answer = client.post(SYNC, body, format="json").json()
     assert set(answer) == {"results"} and answer["results"][0]["state"] == JobState.RUNNING
+
+
+def test_a_report_of_an_attempt_the_node_ran_before_says_that_attempt_is_over(placed):
+    client, job = placed["client"], placed["job"]
+    Job.objects.filter(pk=job.pk).update(attempt=2)  # restarted; attempt 1 was on this node
+    reports = [
+        {"kind": "started", "job_id": job.pk, "attempt": 1},  # held here once: over
+        {"kind": "started", "job_id": job.pk, "attempt": 2},  # never held here
+    ]
+    results = client.post(SYNC, {"reports": reports}, format="json").json()["results"]
+    assert [r.get("conflict") for r in results] == [
+        "That attempt of the job is over.",
+        "This node does not run that job attempt.",
+    ]
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+
+
+def test_a_sync_of_starts_is_one_locking_read_and_keeps_the_version_it_was_sent(
+    placed, django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    client, job = placed["client"], placed["job"]
+    version = client.post(SYNC, {}, format="json").json()["version"]
+    body = {
+        "version": version,
+        "reports": [{"kind": "started", "job_id": job.pk, "attempt": 1, "pid": 7}],
+    }
+    # the node (its token checked), the transaction's savepoint, the jobs locked with whether
+    # the node holds their attempts, their update, their events, the savepoint's release
+    with django_assert_num_queries(6), django_capture_on_commit_callbacks(execute=True):
+        answer = client.post(SYNC, body, format="json").json()
+    # a start leaves the node's assignments as they were: its version still holds
+    assert answer == {
+        "unchanged": True,
+        "version": version,
+        "results": [{"kind": "started", "job_id": job.pk, "attempt": 1, "state": "running"}],
+    }
+    assert JobEvent.objects.get(job=job, to_state=JobState.RUNNING).data == {
+        "pid": 7,
+        "attempt": 1,
+    }
