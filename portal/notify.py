@@ -19,7 +19,8 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,17 +47,28 @@ from portal.services import require_role
 SIGNATURE_HEADER = "X-GPUCloud-Signature"
 
 
-def email_wanted(*, kind: str, to: Iterable[str]) -> list[str]:
-    """The addresses of `to` whose users have not turned e-mail off for `kind`."""
-    addresses = sorted({a for a in to if a})
-    if not addresses:
-        return []
-    off = set(
+def _emails_off(kinds: Iterable[str], addresses: Iterable[str]) -> set[tuple[str, str]]:
+    """(kind, address) pairs among these whose users turned e-mail off: one read."""
+    kinds, addresses = sorted(set(kinds)), sorted({a for a in addresses if a})
+    if not kinds or not addresses:
+        return set()
+    return set(
         NotificationPreference.objects.filter(
-            kind=kind, email=False, user__email__in=addresses
-        ).values_list("user__email", flat=True)
+            kind__in=kinds, email=False, user__email__in=addresses
+        ).values_list("kind", "user__email")
     )
-    return [a for a in addresses if a not in off]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One notice for `notify_all`: what `notify` takes."""
+
+    kind: str
+    project: Project
+    subject: str
+    message: str
+    to: tuple[str, ...] = ()
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 def notify(
@@ -70,19 +82,43 @@ def notify(
 ) -> WebhookDelivery | None:
     """Tell `to` by e-mail (those who want this kind) and the project's webhook, after the
     commit. Returns the webhook delivery, if the project has an active webhook."""
-    send_after_commit(subject=subject, body=message, to=email_wanted(kind=kind, to=to))
-    webhook = ProjectWebhook.objects.filter(project=project, is_active=True).first()
-    if webhook is None:
-        return None
-    delivery = WebhookDelivery.objects.create(webhook=webhook, kind=kind, payload={})
+    notice = Notice(kind, project, subject, message, tuple(to), data or {})
+    return notify_all([notice])[0]
+
+
+def notify_all(notices: Sequence[Notice]) -> list[WebhookDelivery | None]:
+    """`notify` for many notices at once (a batch of job moves): one read of who turned
+    e-mail off and one of the projects' webhooks, whatever the count; each notice still gets
+    its own e-mail and webhook delivery. Returns each notice's delivery, or None."""
+    if not notices:
+        return []
+    off = _emails_off({n.kind for n in notices}, {a for n in notices for a in n.to})
+    webhooks = {
+        w.project_id: w
+        for w in ProjectWebhook.objects.filter(
+            project_id__in={n.project.pk for n in notices}, is_active=True
+        )
+    }
+    out: list[WebhookDelivery | None] = []
+    for n in notices:
+        to = sorted({a for a in n.to if a and (n.kind, a) not in off})
+        send_after_commit(subject=n.subject, body=n.message, to=to)
+        webhook = webhooks.get(n.project.pk)
+        out.append(None if webhook is None else _delivery_record(webhook, n))
+    return out
+
+
+def _delivery_record(webhook: ProjectWebhook, n: Notice) -> WebhookDelivery:
+    """The webhook's delivery of one notice, sent by the worker once the transaction commits."""
+    delivery = WebhookDelivery.objects.create(webhook=webhook, kind=n.kind, payload={})
     delivery.payload = {
         "id": delivery.pk,
-        "kind": kind,
-        "project": project.slug,
+        "kind": n.kind,
+        "project": n.project.slug,
         "created_at": delivery.created_at.isoformat(),
-        "subject": subject,
-        "message": message,
-        "data": data or {},
+        "subject": n.subject,
+        "message": n.message,
+        "data": n.data,
     }
     delivery.save(update_fields=["payload"])
     transaction.on_commit(lambda: enqueue("portal.webhook_deliver", delivery.pk))

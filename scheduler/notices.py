@@ -10,7 +10,7 @@ from django.db import transaction
 
 from portal.enqueue import enqueue
 from portal.models import NoticeKind
-from portal.notify import notify
+from portal.notify import Notice, notify_all
 from scheduler.models import Job
 from scheduler.models import JobState as S
 
@@ -49,33 +49,45 @@ SUBJECTS = {
 
 
 def job_notices_send(*, events: Sequence[Sequence[object]]) -> int:
-    """Tell each job's submitter (and its project's webhook); returns how many were sent."""
+    """Tell each job's submitter (and its project's webhook); returns how many were sent.
+
+    A batch (the moves of one transaction) is one read of its jobs and one `notify_all`: one
+    read of the e-mail preferences and one of the webhooks, whatever its size.
+    """
     by_id = {
         job.pk: job
-        for job in Job.objects.filter(pk__in=[e[0] for e in events]).select_related(
-            "project", "submitted_by"
+        for job in Job.objects.filter(pk__in=[e[0] for e in events])
+        .select_related("project", "submitted_by")
+        .only(
+            "name",
+            "state",
+            "exit_code",
+            "project__name",
+            "project__slug",
+            "submitted_by__email",
         )
     }
-    sent = 0
+    notices = []
     for job_id, kind, reason in events:
         job = by_id.get(int(job_id))  # type: ignore[call-overload]
         if job is None:
             continue
         what = SUBJECTS[str(kind)].format(pk=job.pk, name=job.name)  # type: ignore[index]
-        subject = f"[{job.project.name}] {what}"
         lines = [f"{what}.", f"Project: {job.project.name}"]
         if reason:
             lines.append(f"Why: {reason}")
         if job.exit_code is not None and kind == NoticeKind.JOB_FAILED:
             lines.append(f"Exit code: {job.exit_code}")
-        with transaction.atomic():
-            notify(
+        notices.append(
+            Notice(
                 kind=str(kind),
                 project=job.project,
-                subject=subject,
+                subject=f"[{job.project.name}] {what}",
                 message="\n".join(lines),
-                to=[job.submitted_by.email],
+                to=(job.submitted_by.email,),
                 data={"job": job.pk, "name": job.name, "state": job.state, "reason": reason},
             )
-        sent += 1
-    return sent
+        )
+    with transaction.atomic():
+        notify_all(notices)
+    return len(notices)

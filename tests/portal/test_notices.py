@@ -207,3 +207,44 @@ def test_preferences_page_and_webhook_page(client, team, settings):
     assert ProjectWebhook.objects.get(project=team["a"]).url == "https://hooks.example.org/x"
     client.post("/projects/alpha/webhook/", {"remove": "1"})
     assert not ProjectWebhook.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_batch_of_job_notices_reads_preferences_and_webhooks_once(
+    team, fleet, django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    owner, member = team["owner"], team["member"]
+    jobs = [
+        job_submit(actor=who, project=team["a"], spec=JobSpec(name=f"t{i}", command="true"))[0]
+        for i, who in enumerate([member, owner, member])
+    ]
+    webhook = ProjectWebhook.objects.create(
+        project=team["a"], url="http://127.0.0.1:9/", secret="s"
+    )
+    notify.preferences_set(
+        actor=owner, email_kinds=[k for k in NoticeKind.values if k != NoticeKind.JOB_STARTED]
+    )
+    events = [(job.pk, NoticeKind.JOB_STARTED, "Started on h1") for job in jobs]
+    events.append((jobs[1].pk, NoticeKind.JOB_FAILED, "exit code 1"))
+    mail.outbox.clear()
+    # the jobs; a savepoint, the preferences, the webhooks; two statements per delivery
+    # (the row, then its payload naming it) and the savepoint's release
+    with (
+        django_assert_num_queries(1 + 3 + 2 * len(events) + 1),
+        django_capture_on_commit_callbacks(execute=False) as hooks,
+    ):
+        assert job_notices_send(events=events) == len(events)
+    for hook in hooks:  # the mail goes after commit (the webhooks' deliveries are not run here)
+        if hook.__module__ == "portal.mail":
+            hook()
+    # the owner turned "started" off, not "failed"; the member wants both
+    assert sorted((m.to[0], m.subject) for m in mail.outbox) == sorted(
+        [
+            (member.email, f"[Alpha] Job #{jobs[0].pk} t0 started"),
+            (member.email, f"[Alpha] Job #{jobs[2].pk} t2 started"),
+            (owner.email, f"[Alpha] Job #{jobs[1].pk} t1 failed"),
+        ]
+    )
+    payloads = [d.payload for d in WebhookDelivery.objects.filter(webhook=webhook).order_by("pk")]
+    assert [(p["data"]["job"], p["kind"]) for p in payloads] == [(e[0], e[1]) for e in events]
+    assert all(p["id"] and p["project"] == "alpha" for p in payloads)
