@@ -14,7 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from portal import push
-from portal.db import AnyOf, bulk_update_rows, insert_rows
+from portal.db import AnyOf, CompiledQuery, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import ports
@@ -57,6 +57,18 @@ END_REASON_FOR: dict[str, str] = {
 }
 
 
+# Compiled once (`CompiledQuery`): every transition of one job runs these (an agent's exit
+# report, a cancel); `bench.endpoint_cost`'s busy sync measures them.
+_LOCK_STATE = CompiledQuery(
+    lambda pk: Job.objects.select_for_update().filter(pk=pk).values_list("state")
+)
+_OPEN_ALLOCATION_NODES = CompiledQuery(
+    lambda job_id: Allocation.objects.filter(job_id=job_id, ended_at__isnull=True).values_list(
+        "node_id"
+    )
+)
+
+
 def can_transition(from_state: str, to_state: str) -> bool:
     return to_state in TRANSITIONS.get(from_state, frozenset())
 
@@ -77,7 +89,10 @@ def job_transition(
 
     Extra attributes the caller set on `job` are saved when named in `update_fields`.
     """
-    current = Job.objects.select_for_update().values_list("state", flat=True).get(pk=job.pk)
+    locked = _LOCK_STATE.rows(pk=job.pk)
+    if not locked:
+        raise Job.DoesNotExist(f"Job {job.pk} does not exist.")
+    current = locked[0][0]
     if not can_transition(current, to):
         raise Conflict(
             f"Job {job.pk} is {current}; it cannot become {to}.", code="invalid_transition"
@@ -109,17 +124,17 @@ def job_transition(
             "estimated_start_at",
         }
     job.save(update_fields=sorted(fields))
+    releasing = current in HOLDS_GPUS and to not in HOLDS_GPUS
+    nodes: list[int] = []  # of the job's open allocations, read once for both uses below
+    if changes_assignments(current, to) or (releasing and ports.ALLOCATION_LISTENERS):
+        nodes = [row[0] for row in _OPEN_ALLOCATION_NODES.rows(job_id=job.pk)]
     if changes_assignments(current, to):
-        assignments_changed(
-            Allocation.objects.filter(job=job, ended_at__isnull=True).values_list(
-                "node_id", flat=True
-            )
+        assignments_changed(nodes)
+    if releasing:
+        Allocation.objects.filter(job=job, ended_at__isnull=True).update(
+            ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, "")
         )
-    if current in HOLDS_GPUS and to not in HOLDS_GPUS:
-        ending = Allocation.objects.filter(job=job, ended_at__isnull=True)
-        nodes = set(ending.values_list("node_id", flat=True)) if ports.ALLOCATION_LISTENERS else ()
-        ending.update(ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, ""))
-        ports.allocations_changed(node_ids=nodes)
+        ports.allocations_changed(node_ids=set(nodes))
         if job.rendezvous_port is not None:  # a gang: members still running are stopped
             members_end(job.pk, job.attempt, lost=to == S.LOST, now=now)
     JobEvent.objects.create(

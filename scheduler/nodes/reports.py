@@ -19,22 +19,35 @@ from django.utils import timezone
 
 from agent.protocol import FAILURE_TEXT
 from portal import push
-from portal.db import AnyOf, CompiledQuery
+from portal.db import AnyOf, CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import Conflict
 from scheduler import elastic, gangs
 from scheduler.cycle_requests import request_cycle
 from scheduler.models import Allocation, Job, JobState, LogChunk, Node, Quota
 from scheduler.transitions import job_transition, jobs_transition_bulk
 
+# Compiled once: every exit (and gang start) an agent reports locks its job here, with whether
+# the node holds that attempt of it, in one statement; the job comes back whole.
+_AGENT_JOB = CompiledQuery(
+    lambda job_id, node_id, attempt: (
+        Job.objects.select_for_update(of=("self",))
+        .filter(pk=job_id)
+        .annotate(
+            held=Exists(
+                Allocation.objects.filter(job_id=OuterRef("pk"), node_id=node_id, attempt=attempt)
+            )
+        )
+        .values_list(*concrete_columns(Job), "held")
+    )
+)
+
 
 def _agent_job(node: Node, job_id: int, attempt: int) -> Job:
     """The job, locked, if this node runs that attempt of it; else a 409 for the agent."""
-    job = Job.objects.select_for_update().filter(pk=job_id).first()
-    if (
-        job is None
-        or not Allocation.objects.filter(job_id=job_id, node=node, attempt=attempt).exists()
-    ):
+    rows = _AGENT_JOB.rows(job_id=job_id, node_id=node.pk, attempt=attempt)
+    if not rows or not rows[0][-1]:
         raise Conflict("This node does not run that job attempt.", code="stale_attempt")
+    job = instance_from_row(Job, rows[0][:-1])
     if job.attempt != attempt:
         raise Conflict("That attempt of the job is over.", code="stale_attempt")
     return job

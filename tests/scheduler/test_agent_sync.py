@@ -187,3 +187,24 @@ def test_a_sync_of_starts_is_one_locking_read_and_keeps_the_version_it_was_sent(
         "pid": 7,
         "attempt": 1,
     }
+
+
+def test_a_sync_of_an_exit_locks_the_job_once_and_reads_its_nodes_once(
+    placed, django_assert_num_queries
+):
+    client, job, node = placed["client"], placed["job"], placed["node"]
+    start = {"kind": "started", "job_id": job.pk, "attempt": 1}
+    client.post(SYNC, {"reports": [start]}, format="json")
+    exited = {"kind": "exited", "job_id": job.pk, "attempt": 1, "exit_code": 0, "reason": "exited"}
+    # the node; the report's transaction: the job locked with whether the node holds that
+    # attempt, the transition's savepoint, its state lock, the job's update, its open
+    # allocations' nodes (read once), their end, its event, both releases; then the answer in
+    # full: the node again (after the version is minted) and its assignments
+    with django_assert_num_queries(13):
+        answer = client.post(SYNC, {"reports": [exited]}, format="json").json()
+    assert answer["results"][0]["state"] == JobState.SUCCEEDED
+    assert answer["unchanged"] is False and answer["assignments"] == []
+    alloc = Allocation.objects.get(job=job)
+    assert alloc.node == node and alloc.ended_at is not None and alloc.end_reason == "completed"
+    event = JobEvent.objects.filter(job=job).latest("pk")
+    assert (event.to_state, event.actor_label) == (JobState.SUCCEEDED, f"agent:{node.name}")
