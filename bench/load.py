@@ -302,7 +302,7 @@ def task_table(tasks: dict[str, tuple[int, float]], seconds: float, worker_cpu: 
 # The worker's tasks besides the cycles that plan and the periodic ones (in the fleet at rest):
 # each is priced per run from the last scaled run's meter, its rate counted in this one.
 EVENT_TASKS = {
-    "scheduler.job_notices": "job notices (a batch per transaction that started or ended jobs)",
+    "scheduler.job_notices": "job notices (a drain of the batches queued since the last one)",
     "scheduler.cycle (another was running)": "cycle requests that found the cycle running "
     "(retried after it, at most one waiting)",
     "scheduler.model_availability_refresh": "model availability (pages, at most every 5 s)",

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import orjson
+from django.conf import settings
 from django.db import transaction
 
-from portal.enqueue import enqueue
+from portal.enqueue import enqueue, task_named
+from portal.locks import lock_key, redis_client, single_flight
 from portal.models import NoticeKind
 from portal.notify import Notice, notify_all
 from scheduler.models import Job
@@ -32,11 +35,62 @@ def notice_kind(current: str, to: str) -> str | None:
     return None
 
 
+NOTICES_TASK = "scheduler.job_notices"
+# With Redis, the batches wait on a list and one task message drains however many arrived
+# meanwhile (as cycle requests coalesce): a message costs the web process its publish and the
+# worker its consumer's work (`bench.worker_redis`), and agents' syncs start jobs a few at a
+# time. Without Redis (the embedded default) each batch is its own task's argument.
+NOTICES_QUEUED = "scheduler:job-notices"
+NOTICES_REQUESTED = "scheduler:job-notices-requested"
+NOTICES_REQUEST_TTL_S = 5  # a drain asked for and lost is asked for again after this
+NOTICES_RETRY_SECONDS = 0.25  # a drain that found another running tries again this much later
+NOTICES_DRAIN_CHUNK = 100  # batches sent per read of the list
+
+
 def job_notices_after_commit(events: Sequence[tuple[int, str, str]]) -> None:
     """Queue `(job id, kind, reason)` notices once the transaction commits."""
     if events:
         payload = [list(e) for e in events]
-        transaction.on_commit(lambda: enqueue("scheduler.job_notices", payload))
+        transaction.on_commit(lambda: job_notices_queue(payload))
+
+
+def job_notices_queue(payload: list[list[object]]) -> None:
+    """Queue one batch: onto the Redis list, asking for a drain only where none is asked for
+    yet (one round trip), or as a task of its own without Redis."""
+    if not settings.REDIS_URL:
+        enqueue(NOTICES_TASK, payload)
+        return
+    pipe = redis_client().pipeline(transaction=False)
+    pipe.rpush(lock_key(NOTICES_QUEUED), orjson.dumps(payload))
+    pipe.set(lock_key(NOTICES_REQUESTED), 1, nx=True, ex=NOTICES_REQUEST_TTL_S)
+    _, requested = pipe.execute()
+    if requested:
+        enqueue(NOTICES_TASK)
+
+
+def job_notices_drain() -> int:
+    """Send every queued batch (the drain task, single-flight); returns how many were sent.
+
+    The request is dropped first, so a batch queued from then on asks for another drain. A
+    batch is taken off the list once sent, or once sending it failed (as a failed task's
+    notices were dropped); if the worker dies meanwhile it stays for the next drain.
+    """
+    client = redis_client()
+    client.delete(lock_key(NOTICES_REQUESTED))
+    sent = 0
+    with single_flight("job-notices", ttl=65) as acquired:
+        if not acquired:
+            # The drain running now may have read the list before our batch arrived.
+            if client.set(lock_key(NOTICES_REQUESTED), 1, nx=True, ex=NOTICES_REQUEST_TTL_S):
+                task_named(NOTICES_TASK).apply_async(countdown=NOTICES_RETRY_SECONDS)
+            return 0
+        key = lock_key(NOTICES_QUEUED)
+        while raw := client.lrange(key, 0, NOTICES_DRAIN_CHUNK - 1):
+            try:
+                sent += job_notices_send(events=[e for b in raw for e in orjson.loads(b)])
+            finally:
+                client.ltrim(key, len(raw), -1)
+    return sent
 
 
 SUBJECTS = {

@@ -248,3 +248,40 @@ def test_a_batch_of_job_notices_reads_preferences_and_webhooks_once(
     payloads = [d.payload for d in WebhookDelivery.objects.filter(webhook=webhook).order_by("pk")]
     assert [(p["data"]["job"], p["kind"]) for p in payloads] == [(e[0], e[1]) for e in events]
     assert all(p["id"] and p["project"] == "alpha" for p in payloads)
+
+
+@pytest.mark.django_db
+def test_notices_of_many_transactions_wait_for_one_drain(
+    team, fleet, django_capture_on_commit_callbacks
+):
+    from portal.locks import lock_key, redis_client
+    from scheduler.notices import NOTICES_QUEUED, NOTICES_REQUESTED, job_notices_drain
+
+    member = team["member"]
+    jobs = [
+        job_submit(actor=member, project=team["a"], spec=JobSpec(name=f"n{i}", command="true"))[0]
+        for i in range(3)
+    ]
+    client = redis_client()
+    client.delete(lock_key(NOTICES_QUEUED), lock_key(NOTICES_REQUESTED))
+    from django.conf import settings
+
+    queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "default"
+    messages = client.llen(queue)  # the worker's queue on the broker
+    for job in jobs:  # three transactions, as three agents' syncs
+        with django_capture_on_commit_callbacks(execute=True):
+            job_transition(job=job, to=JobState.SCHEDULED, reason="")
+            job_transition(job=job, to=JobState.RUNNING, reason=f"Started {job.name}")
+    assert client.llen(queue) == messages + 1  # one drain asked for, not three tasks
+    client.lpop(queue)  # (no worker here: the drain is run below as it would run it)
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):  # its mail goes after its commit
+        assert job_notices_drain() == 3
+    assert [m.subject for m in mail.outbox] == [
+        f"[Alpha] Job #{job.pk} {job.name} started" for job in jobs
+    ]
+    assert all(
+        f"Why: Started {job.name}" in m.body for job, m in zip(jobs, mail.outbox, strict=True)
+    )
+    assert client.llen(lock_key(NOTICES_QUEUED)) == 0
+    assert job_notices_drain() == 0  # nothing sent twice
