@@ -4,6 +4,7 @@ notices go out from a Celery task after the commit, so no transition waits on ma
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import orjson
@@ -45,6 +46,7 @@ NOTICES_REQUESTED = "scheduler:job-notices-requested"
 NOTICES_REQUEST_TTL_S = 5  # a drain asked for and lost is asked for again after this
 NOTICES_RETRY_SECONDS = 0.25  # a drain that found another running tries again this much later
 NOTICES_DRAIN_CHUNK = 100  # batches sent per read of the list
+NOTICES_DRAIN_MAX_S = 20  # well inside the task's time limit
 
 
 def job_notices_after_commit(events: Sequence[tuple[int, str, str]]) -> None:
@@ -71,26 +73,36 @@ def job_notices_queue(payload: list[list[object]]) -> None:
 def job_notices_drain() -> int:
     """Send every queued batch (the drain task, single-flight); returns how many were sent.
 
-    The request is dropped first, so a batch queued from then on asks for another drain. A
-    batch is taken off the list once sent, or once sending it failed (as a failed task's
-    notices were dropped); if the worker dies meanwhile it stays for the next drain.
+    The drain stays asked for while it runs, so batches queued meanwhile send no message; it
+    drops the request only once the list is empty, then looks once more (a batch queued just
+    before the drop asked for nothing). A batch is taken off the list once sent, or once
+    sending it failed (as a failed task's notices were dropped); if the worker dies meanwhile
+    it stays for the next drain.
     """
     client = redis_client()
-    client.delete(lock_key(NOTICES_REQUESTED))
+    queued, requested = lock_key(NOTICES_QUEUED), lock_key(NOTICES_REQUESTED)
     sent = 0
     with single_flight("job-notices", ttl=65) as acquired:
         if not acquired:
-            # The drain running now may have read the list before our batch arrived.
-            if client.set(lock_key(NOTICES_REQUESTED), 1, nx=True, ex=NOTICES_REQUEST_TTL_S):
-                task_named(NOTICES_TASK).apply_async(countdown=NOTICES_RETRY_SECONDS)
+            # The drain running now may be past its last look at the list: try again after it.
+            task_named(NOTICES_TASK).apply_async(countdown=NOTICES_RETRY_SECONDS)
             return 0
-        key = lock_key(NOTICES_QUEUED)
-        while raw := client.lrange(key, 0, NOTICES_DRAIN_CHUNK - 1):
+        until = time.monotonic() + NOTICES_DRAIN_MAX_S
+        while True:
+            raw = client.lrange(queued, 0, NOTICES_DRAIN_CHUNK - 1)
+            if not raw:
+                client.delete(requested)
+                if client.llen(queued):
+                    continue
+                return sent
             try:
                 sent += job_notices_send(events=[e for b in raw for e in orjson.loads(b)])
             finally:
-                client.ltrim(key, len(raw), -1)
-    return sent
+                client.ltrim(queued, len(raw), -1)
+            client.expire(requested, NOTICES_REQUEST_TTL_S)
+            if time.monotonic() > until:  # a backlog: the rest in a message of its own
+                task_named(NOTICES_TASK).apply_async()
+                return sent
 
 
 SUBJECTS = {
