@@ -1,6 +1,11 @@
 """The job state machine: one function performs every transition, checked against one table.
 
 Every transition writes a JobEvent (who, when, why) in the same transaction.
+
+Fast path: one job's transition locks its state and reads its open allocations' nodes with
+compiled queries (`CompiledQuery`), since every exit an agent reports comes through here
+(building and compiling them each time cost a job's three busy syncs 29.4 million
+instructions against 26.3 compiled); measured by `bench.endpoint_cost`'s busy sync.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from portal import push
-from portal.db import AnyOf, bulk_update_rows, insert_rows
+from portal.db import AnyOf, CompiledQuery, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import ports
@@ -57,6 +62,18 @@ END_REASON_FOR: dict[str, str] = {
 }
 
 
+# Compiled once (`CompiledQuery`): every transition of one job runs these (an agent's exit
+# report, a cancel); `bench.endpoint_cost`'s busy sync measures them.
+_LOCK_STATE = CompiledQuery(
+    lambda pk: Job.objects.select_for_update().filter(pk=pk).values_list("state")
+)
+_OPEN_ALLOCATION_NODES = CompiledQuery(
+    lambda job_id: Allocation.objects.filter(job_id=job_id, ended_at__isnull=True).values_list(
+        "node_id"
+    )
+)
+
+
 def can_transition(from_state: str, to_state: str) -> bool:
     return to_state in TRANSITIONS.get(from_state, frozenset())
 
@@ -77,7 +94,10 @@ def job_transition(
 
     Extra attributes the caller set on `job` are saved when named in `update_fields`.
     """
-    current = Job.objects.select_for_update().values_list("state", flat=True).get(pk=job.pk)
+    locked = _LOCK_STATE.rows(pk=job.pk)
+    if not locked:
+        raise Job.DoesNotExist(f"Job {job.pk} does not exist.")
+    current = locked[0][0]
     if not can_transition(current, to):
         raise Conflict(
             f"Job {job.pk} is {current}; it cannot become {to}.", code="invalid_transition"
@@ -112,11 +132,7 @@ def job_transition(
     releasing = current in HOLDS_GPUS and to not in HOLDS_GPUS
     nodes: list[int] = []  # of the job's open allocations, read once for both uses below
     if changes_assignments(current, to) or (releasing and ports.ALLOCATION_LISTENERS):
-        nodes = list(
-            Allocation.objects.filter(job=job, ended_at__isnull=True).values_list(
-                "node_id", flat=True
-            )
-        )
+        nodes = [row[0] for row in _OPEN_ALLOCATION_NODES.rows(job_id=job.pk)]
     if changes_assignments(current, to):
         assignments_changed(nodes)
     if releasing:

@@ -28,6 +28,7 @@ FENCED = {
             "scheduler/nodes/reports.py",  # the jobs and attempts a sync's reports touch
             "scheduler/nodes/tokens.py",  # the node behind an agent's token
             "scheduler/images.py",  # the curated images every heartbeat answer lists
+            "scheduler/transitions.py",  # one job's state lock and its allocations' nodes
         },
     ),
     "raw SQL": (
