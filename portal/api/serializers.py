@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.utils.functional import cached_property
-from rest_framework import serializers
+from rest_framework import fields as drf_fields
+from rest_framework import relations, serializers
 from rest_framework.utils.serializer_helpers import BindingDict
 
 from portal.models import ApiToken, Invitation, Membership, Project, Role, TokenScope
@@ -64,6 +67,140 @@ class PrototypeFieldsMixin:
                 clone.parent = me
                 bound.fields[name] = clone  # bound already, as the prototype
         return bound
+
+    def to_representation(self, instance: Any) -> Any:
+        """DRF's `Serializer.to_representation`, read through the class's `Reader`s.
+
+        DRF walks each field's source with `get_attribute` (a `Mapping` check, a callable
+        check and exception handling per step) on fields cloned for this instance; on the
+        submit path that was most of answering a job (`bench.submit_cost`). A `Reader` reads a
+        plain field's attribute with one `getattr` per step and hands the value to the
+        prototype field's own `to_representation` (or keeps it, where that would return it
+        unchanged), a method field calls its method: what DRF does for those, in the same
+        order. Any other field, or a value that is not a plain one (an exception on the way,
+        a callable), goes DRF's way through a field bound to this serializer.
+        """
+        plan = _representation_plan(self)
+        if plan is None or isinstance(instance, Mapping):
+            return super().to_representation(instance)  # type: ignore[misc]
+        ret = {}
+        for reader in plan:
+            kind = reader.kind
+            if kind == READ_METHOD:
+                ret[reader.name] = getattr(self, reader.arg)(instance)
+                continue
+            value = instance
+            try:
+                if kind == READ_ATTR:
+                    for attr in reader.arg:
+                        value = getattr(value, attr)
+                        if callable(value):
+                            raise _Unplain
+                elif kind == READ_PK:
+                    value = instance.serializable_value(reader.arg)
+                    if value is not None and type(value) is not int:
+                        raise _Unplain
+                else:
+                    raise _Unplain
+            except (_Unplain, AttributeError, KeyError, ObjectDoesNotExist):
+                self._represent_as_drf(ret, reader.name, instance)
+                continue
+            if value is None or kind == READ_PK or type(value) is reader.same:
+                ret[reader.name] = value
+            else:
+                ret[reader.name] = reader.field.to_representation(value)
+        return ret
+
+    def _represent_as_drf(self, ret: dict[str, Any], name: str, instance: Any) -> None:
+        """One field of `to_representation`, as DRF's loop does it."""
+        field = self._bound_field(name)
+        try:
+            attribute = field.get_attribute(instance)
+        except drf_fields.SkipField:
+            return
+        check = attribute.pk if isinstance(attribute, relations.PKOnlyObject) else attribute
+        ret[name] = None if check is None else field.to_representation(attribute)
+
+    def _bound_field(self, name: str) -> serializers.Field:  # type: ignore[type-arg]
+        """This serializer's own copy of the field `name`, as `fields` would hold it."""
+        field = self._prototypes()[name]
+        if "fields" in self.__dict__ or isinstance(field, serializers.BaseSerializer):
+            return self.fields[name]  # type: ignore[attr-defined,no-any-return]
+        me: Any = self  # a serializer (the mixin comes before one)
+        clone = object.__new__(type(field))
+        clone.__dict__.update(field.__dict__)
+        clone.parent = me
+        return clone
+
+
+class _Unplain(Exception):
+    """A value a `Reader` leaves to DRF's own `get_attribute`."""
+
+
+READ_ATTR, READ_PK, READ_METHOD, READ_DRF = "attr", "pk", "method", "drf"
+# Exact field classes whose `to_representation` reads nothing but the field's own settings
+# (no parent, no context), and the type of value each returns unchanged (None: none).
+_READ_FIELDS: dict[type, type | None] = {
+    drf_fields.BooleanField: bool,
+    drf_fields.CharField: str,
+    drf_fields.EmailField: str,
+    drf_fields.IntegerField: int,
+    drf_fields.BigIntegerField: None,  # COERCE_BIGINT_TO_STRING
+    drf_fields.ChoiceField: None,
+    drf_fields.DateTimeField: None,
+    drf_fields.DateField: None,
+    drf_fields.DecimalField: None,
+    drf_fields.FloatField: None,
+    drf_fields.JSONField: None,
+    relations.SlugRelatedField: None,
+}
+
+
+class Reader(NamedTuple):
+    """How `PrototypeFieldsMixin.to_representation` reads one field: `kind` READ_ATTR
+    (`arg`: the source's attributes; None is None, a value of type `same` is kept, anything
+    else goes to `field.to_representation`), READ_PK (`arg`: the relation; its id as DRF's
+    primary-key optimisation reads it), READ_METHOD (`arg`: the serializer's method) or
+    READ_DRF (DRF's way, on a bound copy of the field)."""
+
+    name: str
+    kind: str
+    arg: Any
+    field: Any
+    same: type | None
+
+
+def _reader(name: str, field: Any) -> Reader | None:
+    cls = type(field)
+    if isinstance(field, serializers.BaseSerializer):  # nested: bound per instance
+        return None
+    if cls is serializers.SerializerMethodField:
+        return Reader(name, READ_METHOD, field.method_name, field, None)
+    attrs = tuple(field.source_attrs)
+    if cls is relations.PrimaryKeyRelatedField and field.pk_field is None and len(attrs) == 1:
+        return Reader(name, READ_PK, attrs[0], field, None)
+    if cls in _READ_FIELDS and attrs and not (cls is drf_fields.JSONField and field.binary):
+        return Reader(name, READ_ATTR, attrs, field, _READ_FIELDS[cls])
+    return None
+
+
+def _representation_plan(serializer: PrototypeFieldsMixin) -> list[Reader] | None:
+    """The class's readers, in field order; None where this instance must go DRF's way (a
+    subclass that builds its own fields, or fields already taken from this instance, which
+    its caller may have changed). A field without a reader is read DRF's way, alone."""
+    cls = type(serializer)
+    if cls.get_fields is not PrototypeFieldsMixin.get_fields or "fields" in serializer.__dict__:
+        return None
+    plan: list[Reader] | None = cls.__dict__.get("_representation_plan")
+    if plan is None:
+        plan = []
+        for name, field in serializer._prototypes().items():
+            if field.write_only:
+                continue
+            reader = _reader(name, field)
+            plan.append(reader or Reader(name, READ_DRF, None, field, None))
+        cls._representation_plan = plan  # type: ignore[attr-defined]
+    return plan
 
 
 class StrictSerializer(PrototypeFieldsMixin, serializers.Serializer):  # type: ignore[type-arg]

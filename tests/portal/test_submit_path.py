@@ -22,7 +22,12 @@ from portal.models import Role
 from portal.selectors import project_get_visible, project_role_of
 from portal.services import require_role
 from scheduler.admission import JobSpec, job_submit
-from scheduler.api.jobs import JobCreateSerializer, JobDetailSerializer, JobSerializer
+from scheduler.api.jobs import (
+    JobCreateSerializer,
+    JobDetailSerializer,
+    JobSerializer,
+    ManifestJobSerializer,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -72,6 +77,63 @@ def test_prototype_fields_represent_jobs_as_drf_builds_them(team, fleet):
     for job in jobs:
         assert JobSerializer(job).data == RebuiltJobSerializer(job).data
     assert JobSerializer(jobs, many=True).data == RebuiltJobSerializer(jobs, many=True).data
+
+
+class RebuiltDetailSerializer(JobDetailSerializer):
+    def get_fields(self) -> dict[str, serializers.Field]:  # type: ignore[type-arg]
+        return serializers.ModelSerializer.get_fields(self)
+
+
+class RebuiltManifestSerializer(ManifestJobSerializer):
+    def get_fields(self) -> dict[str, serializers.Field]:  # type: ignore[type-arg]
+        return serializers.ModelSerializer.get_fields(self)
+
+
+def test_read_plan_answers_what_drf_answers_for_every_kind_of_job(team, fleet):
+    """Queued, rejected, array shards (a parent id), fractions, and the detail and manifest
+    serializers (fields the plan leaves to DRF: nested, dict, method fields of a subclass)."""
+    from scheduler.models import Job, Quota
+
+    owner, project = team["owner"], team["a"]
+    jobs = job_submit(
+        actor=owner,
+        project=project,
+        spec=JobSpec(
+            name="arr",
+            command="true",
+            gpu_model=fleet["h100"],
+            shard_count=2,
+            env={"A": "1"},
+            secret_env={"S": "x"},
+            time_limit_s=3600,
+            precisions=("fp16",),
+        ),
+    )
+    Quota.objects.filter(project=project).update(max_gpus_per_job=1)
+    jobs += job_submit(actor=owner, project=project, spec=JobSpec(name="big", command="x", gpus=2))
+    assert jobs[-1].state == "rejected" and jobs[-1].finished_at is not None
+    jobs += [Job.objects.select_related("project", "gpu_model").get(pk=j.pk) for j in jobs]
+    for job in jobs:
+        assert JobSerializer(job).data == RebuiltJobSerializer(job).data
+        assert JobDetailSerializer(job).data == RebuiltDetailSerializer(job).data
+        assert ManifestJobSerializer(job).data == RebuiltManifestSerializer(job).data
+    assert jobs[1].array_parent_id and JobSerializer(jobs[1]).data["array_parent"] == jobs[0].pk
+    read = JobSerializer(jobs[0])
+    assert read.data and "fields" not in read.__dict__  # read by the plan: no field was copied
+
+
+def test_read_plan_leaves_unreadable_sources_to_drf(team, fleet):
+    """A source DRF reads its own way (a dotted one through a missing submitter) answers
+    what DRF answers; a serializer whose fields were taken and changed is read from them."""
+    job = job_submit(
+        actor=team["owner"], project=team["a"], spec=JobSpec(name="x", command="true")
+    )[0]
+    job.submitted_by = None
+    data = JobSerializer(job).data
+    assert data["submitted_by"] is None and data == RebuiltJobSerializer(job).data
+    narrowed = JobSerializer(job)
+    narrowed.fields.pop("command")
+    assert "command" not in narrowed.data and narrowed.data["name"] == "x"
 
 
 def test_prototype_fields_validate_concurrent_requests_independently(fleet):
