@@ -10,16 +10,15 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
 from django.utils import timezone
 
 from portal import push
 from portal.audit import audit_record
-from portal.db import CompiledQuery, insert_instances
+from portal.db import insert_instances
 from portal.errors import DomainError
 from portal.models import Project, Role, User
 from portal.services import require_role
@@ -409,18 +408,28 @@ def admission_verdict(
     return Verdict(True, borrowed=borrowed, reason=reason, quota_notes=tuple(notes))
 
 
+# The queued jobs' count is an exact COUNT on the (project, state) index (a counter row would
+# serialise a project's concurrent submits), read in the same statement: one round trip less.
 QUOTA_SHARE_LOCKED = """
 SELECT q.id, q.max_gpus, q.gpu_hours_per_month, q.max_gpus_per_job, q.max_priority,
        q.allow_borrowing, q.updated_at, q.max_gpus_per_member,
        (SELECT json_agg(json_build_array(l.gpu_model_id, l.max_gpus))
-          FROM portal_quotamodellimit l WHERE l.quota_id = q.id)
+          FROM portal_quotamodellimit l WHERE l.quota_id = q.id),
+       (SELECT count(*) FROM scheduler_job j WHERE j.project_id = q.project_id AND j.state = %s)
   FROM portal_quota q WHERE q.project_id = %s
    FOR SHARE OF q
 """
 
 
-def quota_lock_for_admission(project: Project) -> tuple[Quota, dict[int, int]]:
-    """The project's quota and its per-model limits, in one statement, the row locked to commit.
+class QuotaForAdmission(NamedTuple):
+    quota: Quota
+    model_limits: dict[int, int]  # GPU model id -> max GPUs
+    queued: int  # the project's jobs waiting in the queue (what the queued-jobs cap counts)
+
+
+def quota_lock_for_admission(project: Project) -> QuotaForAdmission:
+    """The project's quota, its per-model limits and its queued jobs' count, in one
+    statement, the quota's row locked to commit.
 
     A shared lock: admissions do not wait for each other (no rule reads another admission),
     but a quota edit (an UPDATE) waits for the admissions in flight, and they for it, so every
@@ -430,13 +439,28 @@ def quota_lock_for_admission(project: Project) -> tuple[Quota, dict[int, int]]:
         quota = (
             Quota.objects.select_for_update().prefetch_related("model_limits").get(project=project)
         )
-        return quota, {lim.gpu_model_id: lim.max_gpus for lim in quota.model_limits.all()}
+        return QuotaForAdmission(
+            quota,
+            {lim.gpu_model_id: lim.max_gpus for lim in quota.model_limits.all()},
+            Job.objects.filter(project=project, state=JobState.QUEUED).count(),
+        )
     with connection.cursor() as cursor:
-        cursor.execute(QUOTA_SHARE_LOCKED, [project.pk])
+        cursor.execute(QUOTA_SHARE_LOCKED, [str(JobState.QUEUED), project.pk])
         row = cursor.fetchone()
     if row is None:
         raise Quota.DoesNotExist(f"{project} has no quota.")
-    pk, max_gpus, hours, per_job, max_priority, borrowing, updated_at, per_member, limits = row
+    (
+        pk,
+        max_gpus,
+        hours,
+        per_job,
+        max_priority,
+        borrowing,
+        updated_at,
+        per_member,
+        limits,
+        queued,
+    ) = row
     quota = Quota(
         pk=pk,
         project=project,
@@ -450,7 +474,9 @@ def quota_lock_for_admission(project: Project) -> tuple[Quota, dict[int, int]]:
     )
     if isinstance(limits, str):  # json, not jsonb: some drivers hand back the text
         limits = json.loads(limits)
-    return quota, {int(model_id): int(cap) for model_id, cap in limits or ()}
+    return QuotaForAdmission(
+        quota, {int(model_id): int(cap) for model_id, cap in limits or ()}, int(queued)
+    )
 
 
 def member_gpus_asked(*, project: Project, user: User) -> Decimal:
@@ -511,25 +537,11 @@ class QueueFull(DomainError):
     status = 429
 
 
-# Fast path (`bench.submit_cost`): every submission counts its project's queue; compiled once,
-# the count costs PostgreSQL's index scan and no queryset.
-_QUEUED_IN_PROJECT = CompiledQuery(
-    lambda project_id: (
-        Job.objects.filter(project_id=project_id, state=JobState.QUEUED)
-        .order_by()
-        .values("project_id")
-        .annotate(n=Count("pk"))
-        .values_list("n")
-    )
-)
-
-
-def queued_cap_check(*, project: Project, adding: int) -> None:
+def queued_cap_check(*, project: Project, waiting: int, adding: int) -> None:
     """A project may have at most PROJECT_MAX_QUEUED_JOBS jobs waiting: past it, a submit is
-    refused (429) before anything is written, so no tenant can flood the queue."""
+    refused (429) before anything is written, so no tenant can flood the queue. `waiting`:
+    the project's queued jobs (`quota_lock_for_admission` counts them)."""
     cap: int = settings.PROJECT_MAX_QUEUED_JOBS
-    rows = _QUEUED_IN_PROJECT.rows(project_id=project.pk)
-    waiting = rows[0][0] if rows else 0
     if waiting + adding > cap:
         raise QueueFull(
             f"Project {project.slug} has {waiting:,} jobs waiting; the cap is {cap:,}. "
@@ -548,19 +560,21 @@ def job_submit(
     then queued or rejected), checked against the transition table: a job is pending only
     inside this transaction, so nothing else can see it or move it in between. Everything that
     does not depend on the quota (role, validation, billing's checks, the unsaved rows) comes
-    before the quota row is locked; from the lock to the commit there are one read and the writes.
+    before the quota row is locked; from the lock to the commit there are one read (the quota,
+    its limits and the queued jobs' count for the cap, which refuses before any write) and the
+    writes.
     """
     require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
     spec = spec_validate(spec)
     targets, waiting = dependencies_resolve(user=actor, deps=spec.dependencies)
-    queued_cap_check(project=project, adding=spec.shard_count)
     now = timezone.now()
     # Billing's checks do not read the quota: asked before the lock, they do not lengthen it.
     hook_verdicts = admission_hook_verdicts(project=project, spec=spec, now=now)
     shards = [None] if spec.shard_count == 1 else list(range(spec.shard_count))
     jobs = [job_from_spec(spec, project=project, user=actor, shard=shard) for shard in shards]
     # The quota is read under a lock that holds off quota edits until this commits.
-    quota, model_limits = quota_lock_for_admission(project)
+    quota, model_limits, queued = quota_lock_for_admission(project)
+    queued_cap_check(project=project, waiting=queued, adding=spec.shard_count)
     member_gpus = (
         member_gpus_asked(project=project, user=actor)
         if quota.max_gpus_per_member is not None

@@ -238,3 +238,27 @@ def test_a_retired_or_unknown_model_is_a_400_naming_the_field(team, fleet, api):
                 f"Unknown GPU model '{model}'. GET /api/v1/gpu-models lists them."
             ]
             assert error["message"] == f"gpu_model: {error['fields']['gpu_model'][0]}"
+
+
+def test_the_queued_cap_counts_the_projects_queue_under_the_quota_lock(team, fleet, settings):
+    """The cap's count comes with the quota's locked read: queued jobs of this project count,
+    other projects' and ended ones do not; past the cap nothing is written."""
+    from portal.models import AuditEvent
+    from scheduler.admission import QueueFull, quota_lock_for_admission
+    from scheduler.models import Job, JobEvent
+
+    owner, project = team["owner"], team["a"]
+    settings.PROJECT_MAX_QUEUED_JOBS = 3
+    spec = JobSpec(name="q", command="true", gpu_model=fleet["h100"])
+    first = job_submit(actor=owner, project=project, spec=spec)[0]
+    job_submit(actor=team["outsider"], project=team["b"], spec=spec)
+    job_submit(actor=owner, project=project, spec=JobSpec(name="q", command="x", shard_count=2))
+    assert quota_lock_for_admission(project).queued == 3
+    with pytest.raises(QueueFull, match="has 3 jobs waiting; the cap is 3"):
+        job_submit(actor=owner, project=project, spec=spec)
+    assert Job.objects.filter(project=project).count() == 3
+    assert JobEvent.objects.filter(job__project=project).count() == 6
+    assert AuditEvent.objects.filter(project=project, action="job.submit").count() == 2
+    Job.objects.filter(pk=first.pk).update(state="cancelled")
+    assert quota_lock_for_admission(project).queued == 2
+    assert job_submit(actor=owner, project=project, spec=spec)[0].state == "queued"
