@@ -1,9 +1,14 @@
 """Fixed-window rate limits: one cache round trip per check, exact under concurrency.
 
-`window_hit` counts a hit in the current window with INCR and EXPIRE in one pipeline, so
-concurrent requests never lose each other's hits (DRF's stock throttles keep a list of
-timestamps with a read and a write: two round trips, and racing requests overwrite each other).
-The DRF throttles below and `ratelimited` (plain Django views) both use it.
+`window_hit` counts a hit in the current window with INCRBY and EXPIRE in one Lua script (one
+command, atomic as a MULTI block, whatever the number of windows), so concurrent requests never
+lose each other's hits (DRF's stock throttles keep a list of timestamps with a read and a
+write: two round trips, and racing requests overwrite each other). The DRF throttles below and
+`ratelimited` (plain Django views) both use it.
+
+Fast path (the script): `bench.submit_cost`, where every submit counts two windows; as a
+MULTI/EXEC pipeline of INCRBY and EXPIRE per window (six commands to pack and parse), the
+count cost a submit 0.32 M instructions, as one script call 0.20 M.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
+from redis.commands.core import Script
 from rest_framework.request import Request
 from rest_framework.throttling import (
     AnonRateThrottle,
@@ -43,6 +49,28 @@ def window_of(key: str, period: int, *, now: float | None = None) -> tuple[str, 
     return f"rl:{key}:{int(now // period)}", max(1, math.ceil(period - now % period))
 
 
+# KEYS: the windows' keys; ARGV: per key, the hits to count and the window's time to live.
+_HIT = Script(
+    None,  # type: ignore[arg-type]  # a client is given per call; bytes need none to encode
+    b"""
+local counts = {}
+for i, key in ipairs(KEYS) do
+  counts[i] = redis.call('INCRBY', key, ARGV[2 * i - 1])
+  redis.call('EXPIRE', key, ARGV[2 * i])
+end
+return counts
+""",
+)
+
+
+def _hit_on_redis(cache: RedisCache, hits: list[tuple[str, int, int]]) -> list[int]:
+    """Count `(window key, hits, time to live)` on Redis, in one round trip; the counts."""
+    keys = [cache.make_and_validate_key(window_key) for window_key, _, _ in hits]
+    args = [value for _, amount, ttl in hits for value in (amount, ttl)]
+    client = cache._cache.get_client(keys[0], write=True)  # the cache's one server
+    return [int(count) for count in _HIT(keys=keys, args=args, client=client)]
+
+
 def window_hit(
     key: str, period: int, *, now: float | None = None, amount: int = 1
 ) -> tuple[int, int]:
@@ -53,13 +81,8 @@ def window_hit(
     window_key, retry_after = window_of(key, period, now=now)
     cache = caches["default"]  # the backend itself, not the proxy, to reach its Redis client
     if isinstance(cache, RedisCache):
-        full_key = cache.make_and_validate_key(window_key)
-        client = cache._cache.get_client(full_key, write=True)
-        pipe = client.pipeline(transaction=True)
-        pipe.incrby(full_key, amount)
-        pipe.expire(full_key, period + 1)
-        count, _ = pipe.execute()
-        return int(count), retry_after
+        (count,) = _hit_on_redis(cache, [(window_key, amount, period + 1)])
+        return count, retry_after
     # Other backends (the embedded file cache): add then incr, atomic enough for one host.
     cache.add(window_key, 0, timeout=period + 1)
     try:
@@ -77,19 +100,13 @@ def window_hits(windows: list[tuple[str, int]]) -> list[tuple[int, int]]:
     if not windows or not isinstance(cache, RedisCache):
         return [window_hit(key, period) for key, period in windows]
     now = clock()
-    keys = []
-    pipe = None
+    hits, waits = [], []
     for key, period in windows:
         window_key, retry_after = window_of(key, period, now=now)
-        full_key = cache.make_and_validate_key(window_key)
-        if pipe is None:  # one client for all: the cache's clients are one server here
-            pipe = cache._cache.get_client(full_key, write=True).pipeline(transaction=True)
-        pipe.incrby(full_key, 1)
-        pipe.expire(full_key, period + 1)
-        keys.append(retry_after)
-    assert pipe is not None
-    counts = pipe.execute()[::2]
-    return [(int(count), retry_after) for count, retry_after in zip(counts, keys, strict=True)]
+        hits.append((window_key, 1, period + 1))
+        waits.append(retry_after)
+    counts = _hit_on_redis(cache, hits)
+    return list(zip(counts, waits, strict=True))
 
 
 class FixedWindowMixin(SimpleRateThrottle):

@@ -131,3 +131,22 @@ def test_fixed_window_counts_every_concurrent_hit_in_one_round_trip(monkeypatch)
     assert 0 < client.ttl(window_key) <= 61
     assert window_hit(key, 60, now=now + 59.5) == (401, 1)  # Retry-After: rest of the window
     assert window_hit(key, 60, now=now + 60) == (1, 60)  # a new window starts from one
+
+
+def test_several_windows_count_in_one_script_each_with_its_own_period(monkeypatch):
+    """A request's windows (the user's limit and the submit scope) count in one command,
+    each with its own count, period and time to live; amounts add up (array shards)."""
+    from django.core.cache import cache
+
+    from portal import ratelimit
+
+    now = 2_000_010.0
+    monkeypatch.setattr(ratelimit, "clock", lambda: now)
+    a, b = f"a-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
+    assert ratelimit.window_hits([(a, 60), (b, 3600)]) == [(1, 30), (1, 1590)]
+    assert ratelimit.window_hits([(a, 60), (b, 3600)]) == [(2, 30), (2, 1590)]
+    assert ratelimit.window_hit(b, 3600, now=now, amount=5) == (7, 1590)
+    client = cache._cache.get_client(None, write=True)
+    for key, period in [(a, 60), (b, 3600)]:
+        window_key = cache.make_and_validate_key(f"rl:{key}:{int(now // period)}")
+        assert period - 10 < client.ttl(window_key) <= period + 1
