@@ -35,6 +35,8 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from portal.redis_after_commit import after_commit, redis_cache
+
 _clients: dict[str, redis.Redis] = {}
 
 
@@ -88,13 +90,25 @@ def _send(messages: list[tuple[str, bytes]]) -> None:
         pass
 
 
+def _lost(exc: redis.RedisError) -> None:
+    """Push is advisory: a message Redis did not take is lost, the write stands."""
+
+
 def publish(messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
     """Publish `(channel, message)` pairs once the current transaction commits (at once
-    outside one), so a page that fetches on hearing it sees the committed state."""
+    outside one), so a page that fetches on hearing it sees the committed state. On the
+    cache's Redis (the same server; pub/sub ignores database numbers), they go in the round
+    trip of the transaction's other after-commit commands (`portal.redis_after_commit`)."""
     if not enabled():
         return
     encoded = [(channel, orjson.dumps(message)) for channel, message in messages]
-    if encoded:
+    if not encoded:
+        return
+    cache = redis_cache()
+    if cache is not None:
+        commands = [("PUBLISH", channel, data) for channel, data in encoded]
+        after_commit(cache, commands, on_error=_lost)
+    else:
         transaction.on_commit(lambda: _send(encoded))
 
 

@@ -25,7 +25,7 @@ from portal.services import require_role
 from scheduler import backends, ports
 from scheduler.core.model import MILLI, gpu_demand_milli, gpus_requested
 from scheduler.core.periods import month_start
-from scheduler.cycle_requests import request_cycle
+from scheduler.cycle_requests import request_cycle, request_cycle_on_commit
 from scheduler.dependencies import (
     dependencies_resolve,
     dependencies_text,
@@ -654,7 +654,7 @@ def job_submit(
     )
     push.jobs_changed((job.pk, project.pk) for job in jobs)  # the queue has new jobs
     if verdict.admit:
-        transaction.on_commit(request_cycle)
+        request_cycle_on_commit()  # with the push message: one round trip
     return jobs
 
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import transaction
 
 from portal.enqueue import enqueue, run_inline
+from portal.redis_after_commit import after_commit, redis_cache
 
 CYCLE_TASK = "scheduler.cycle"
 CYCLE_REQUESTED = "scheduler:cycle-requested"
@@ -46,6 +48,33 @@ def request_cycle() -> None:
     cache.set(CYCLE_DIRTY, 1, timeout=None)
     if cache.add(CYCLE_REQUESTED, _QUEUED, timeout=CYCLE_REQUESTED_TTL):
         enqueue(CYCLE_TASK)
+
+
+def request_cycle_on_commit() -> None:
+    """`request_cycle` once the current transaction commits; on Redis, in the round trip of
+    the after-commit commands queued just before (a submit's push message): the same `SET`
+    and `SET NX EX`, in the same order, that `cache.set` and `cache.add` send, and the task
+    queued when the second set its key."""
+    backend = redis_cache()
+    if getattr(settings, "SCHEDULER_SYNC_CYCLE", False) or backend is None:
+        transaction.on_commit(request_cycle)
+        return
+    serializer = backend._cache._serializer  # type: ignore[attr-defined]  # as the cache stores
+    after_commit(
+        backend,
+        [
+            ("SET", backend.make_and_validate_key(CYCLE_DIRTY), serializer.dumps(1)),
+            (
+                "SET",
+                backend.make_and_validate_key(CYCLE_REQUESTED),
+                serializer.dumps(_QUEUED),
+                "EX",
+                CYCLE_REQUESTED_TTL,
+                "NX",
+            ),
+        ],
+        on_answers=lambda answers: enqueue(CYCLE_TASK) if answers[1] else None,
+    )
 
 
 def pass_begin() -> None:
