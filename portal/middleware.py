@@ -51,6 +51,14 @@ class DomainErrorMiddleware:
         )
 
 
+def has_session_cookie(request: HttpRequest) -> bool:
+    """Whether the request names a session. Without one, Django's session is empty and its
+    user anonymous, so the session rules below have nothing to do: asking `request.user`
+    (loading the user from an empty session, and django-otp's check of it) cost a bearer-token
+    API request more than any other middleware (`bench.submit_cost`)."""
+    return settings.SESSION_COOKIE_NAME in request.COOKIES
+
+
 IDLE_KEY = "_last_seen"
 IDLE_RENEW_SECONDS = 60  # write the session at most once a minute for activity
 
@@ -66,6 +74,8 @@ class SessionIdleTimeoutMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not has_session_cookie(request):  # no session, so no signed-in user to time out
+            return self.get_response(request)
         user = getattr(request, "user", None)
         if user is not None and user.is_authenticated and hasattr(request, "session"):
             now = int(time.time())
@@ -153,6 +163,8 @@ class StaffTwoFactorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not has_session_cookie(request):  # a token or nobody: not a session's operator
+            return self.get_response(request)
         user = getattr(request, "user", None)
         if (
             settings.OTP_REQUIRED_FOR_STAFF

@@ -130,3 +130,30 @@ def test_oidc_sign_in_starts_at_the_provider_when_configured(client, settings):
 
 def test_login_page_has_no_sso_button_by_default(client):
     assert "Sign in with your organisation" not in client.get("/login/").content.decode()
+
+
+def test_session_rules_apply_to_sessions_and_leave_bearer_tokens_alone(make_user, settings):
+    """The two-factor rule and the idle timeout are about sessions: a request with the session
+    cookie meets them; one without (a bearer token) has no session user to check, and its
+    answer is the same as ever (`Vary: Cookie` included)."""
+    from portal.middleware import IDLE_KEY
+    from portal.services import token_create
+
+    operator = make_user("op3@example.org", staff=True)
+    secret = token_create(user=operator, name="t").secret
+    session = Client()
+    session.force_login(operator)
+    assert session.get("/api/v1/projects/").status_code == 403  # unverified operator's session
+    bearer = Client()
+    resp = bearer.get("/api/v1/projects/", headers={"Authorization": f"Bearer {secret}"})
+    assert resp.status_code == 200 and "Cookie" in resp["Vary"]
+    assert "sessionid" not in resp.cookies
+    settings.OTP_REQUIRED_FOR_STAFF = False
+    settings.SESSION_IDLE_SECONDS = 60
+    store = session.session
+    store[IDLE_KEY] = 0  # last seen in 1970
+    store.save()
+    resp = session.get("/tokens/")
+    assert resp.status_code == 302 and "/login/" in resp["Location"]  # idle: signed out
+    resp = bearer.get("/api/v1/projects/", headers={"Authorization": f"Bearer {secret}"})
+    assert resp.status_code == 200
