@@ -23,7 +23,30 @@ def audit_record(
     data: dict[str, Any] | None = None,
     remote_addr: str | None = None,
 ) -> AuditEvent:
-    event = AuditEvent(
+    event = audit_event(
+        actor=actor,
+        action=action,
+        target=target,
+        project=project,
+        data=data,
+        remote_addr=remote_addr,
+    )
+    insert_instances([event])  # every state change writes one: SQL built once
+    return event
+
+
+def audit_event(
+    *,
+    actor: User | None,
+    action: str,
+    target: models.Model | None = None,
+    project: Project | None = None,
+    data: dict[str, Any] | None = None,
+    remote_addr: str | None = None,
+) -> AuditEvent:
+    """The audit event `audit_record` writes, unsaved: for a caller that writes it in the
+    statement of its own rows (`insert_instances` with several groups), in its transaction."""
+    return AuditEvent(
         actor=actor if actor is not None and actor.pk else None,
         actor_label=str(actor) if actor is not None else "system",
         action=action,
@@ -33,5 +56,3 @@ def audit_record(
         data=data or {},
         remote_addr=remote_addr or request_remote_addr.get(),
     )
-    insert_instances([event])  # every state change writes one: SQL built once
-    return event

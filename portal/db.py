@@ -286,23 +286,68 @@ def _plain_type(field: Field[Any, Any]) -> type | None:
     return _PLAIN_INSERT.get(type(field))
 
 
-def insert_instances(objs: Sequence[models.Model]) -> None:
-    """Insert unsaved instances of one model (with an auto primary key) in one statement.
+def insert_instances(*groups: Sequence[models.Model]) -> None:
+    """Insert unsaved instances (each group of one model, with an auto primary key) in one
+    statement, whatever the number of groups.
 
     What `bulk_create` does, each field's `pre_save` (`auto_now_add`) and preparation for the
     database included, but with the SQL built once per model and pattern of NULLs (up to
     `INSERT_SQL_MAX_ROWS` rows), not per call, and a plain field's value (an int of a number field
     or of a foreign key to an integer key, a str of a text field, a bool of a boolean, None)
     passed as it is, which is what its preparation would return: the submit path writes a
-    job, its events and an audit event on every request (`bench.submit_cost`). Primary keys are set from
-    RETURNING. No signals, as with `bulk_create`. PostgreSQL; elsewhere it is `bulk_create`.
+    job, its events and an audit event on every request (`bench.submit_cost`). Several groups
+    (a job's events and its audit event) go in one statement, one `INSERT` each in a `WITH`,
+    so one round trip. Primary keys are set from RETURNING. No signals, as with `bulk_create`.
+    PostgreSQL; elsewhere it is `bulk_create`, a group at a time.
     """
-    if not objs:
+    groups = tuple(group for group in groups if group)
+    if not groups:
         return
+    if connection.vendor != "postgresql" or any(len(g) > INSERT_SQL_MAX_ROWS for g in groups):
+        for group in groups:  # large batches: Django's `unnest` insert
+            type(group[0])._default_manager.bulk_create(group)
+        return
+    statements = [_insert_statement(group) for group in groups]
+    params = [value for _, group_params in statements for value in group_params]
+    if len(statements) == 1:
+        sql = statements[0][0]
+    else:
+        sql = _combined_insert([stmt for stmt, _ in statements], groups)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()  # in the order of VALUES
+    pks = [row[0] for row in rows] if len(statements) == 1 else [row[1] for row in rows]
+    objs = [obj for group in groups for obj in group]
+    for obj, pk in zip(objs, pks, strict=True):
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = connection.alias
+
+
+_COMBINED_SQL: dict[tuple[str, ...], str] = {}
+
+
+def _combined_insert(statements: list[str], groups: Sequence[Sequence[models.Model]]) -> str:
+    """The groups' INSERTs in one statement, answering (group, pk) in the groups' order; ids
+    follow VALUES order within a group (its sequence is drawn row by row)."""
+    key = tuple(statements)
+    sql = _COMBINED_SQL.get(key)
+    if sql is None:
+        qn = connection.ops.quote_name
+        ctes = ", ".join(f"i{n} AS ({stmt})" for n, stmt in enumerate(statements))
+        picks = " UNION ALL ".join(
+            f"SELECT {n} AS g, {qn(str(type(g[0])._meta.pk.column))} AS pk FROM i{n}"  # type: ignore[union-attr]  # noqa: S608 - names from _meta
+            for n, g in enumerate(groups)
+        )
+        sql = f"WITH {ctes} SELECT g, pk FROM ({picks}) AS i ORDER BY g, pk"  # noqa: S608
+        if len(_COMBINED_SQL) < INSERT_SQL_KEPT:
+            _COMBINED_SQL[key] = sql
+    return sql
+
+
+def _insert_statement(objs: Sequence[models.Model]) -> tuple[str, list[Any]]:
+    """One model's `INSERT ... VALUES ... RETURNING pk` for `objs`, and its parameters."""
     model = type(objs[0])
-    if connection.vendor != "postgresql" or len(objs) > INSERT_SQL_MAX_ROWS:
-        model._default_manager.bulk_create(objs)  # large batches: Django's `unnest` insert
-        return
     plan = _INSERT_FIELDS.get(model)
     if plan is None:
         plan = [
@@ -348,13 +393,7 @@ def insert_instances(objs: Sequence[models.Model]) -> None:
         )
         if len(_INSERT_SQL) < INSERT_SQL_KEPT:
             _INSERT_SQL[key] = sql
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        pks = [row[0] for row in cursor.fetchall()]  # in the order of VALUES
-    for obj, pk in zip(objs, pks, strict=True):
-        obj.pk = pk
-        obj._state.adding = False
-        obj._state.db = connection.alias
+    return sql, params
 
 
 class EpochSeconds(Func):

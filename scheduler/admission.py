@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal import push
-from portal.audit import audit_record
+from portal.audit import audit_event, audit_record
 from portal.db import insert_instances
 from portal.errors import DomainError
 from portal.models import Project, Role, User
@@ -638,8 +638,7 @@ def job_submit(
                 data=data,
             )
         )
-    insert_instances(events)
-    audit_record(
+    audit = audit_event(
         actor=actor,
         action="job.submit" if verdict.admit else "job.reject",
         target=jobs[0],
@@ -652,6 +651,7 @@ def job_submit(
         },
         remote_addr=remote_addr,
     )
+    insert_instances(events, [audit])  # one statement for both
     push.jobs_changed((job.pk, project.pk) for job in jobs)  # the queue has new jobs
     if verdict.admit:
         request_cycle_on_commit()  # with the push message: one round trip

@@ -107,3 +107,31 @@ def test_a_large_batch_goes_to_bulk_create_and_still_gets_its_keys(team, fleet):
     kept = [nulls for model, nulls in _INSERT_SQL if model is JobEvent]
     assert kept and all(len(nulls) < n * width for nulls in kept)  # none for a one-off size
     assert [JobEvent.objects.get(pk=e.pk).reason for e in events] == [f"r{i}" for i in range(n)]
+
+
+def test_groups_of_several_models_go_in_one_statement_each_row_with_its_key(
+    team, fleet, django_assert_num_queries
+):
+    """A job's events and its audit event in one statement: every row as `save()` writes it,
+    and each instance gets its own key, in order."""
+    from portal.audit import audit_event
+
+    job = a_job(team, fleet)
+    job.save()
+    events = [
+        JobEvent(job=job, to_state=JobState.PENDING, actor_label="x", reason=f"r{i}")
+        for i in range(3)
+    ]
+    audit = audit_event(
+        actor=team["member"], action="job.submit", target=job, data={"jobs": [job.pk]}
+    )
+    with django_assert_num_queries(1):
+        insert_instances(events, [audit], [])
+    assert [JobEvent.objects.get(pk=e.pk).reason for e in events] == ["r0", "r1", "r2"]
+    assert all(not e._state.adding for e in [*events, audit])
+    saved = audit_event(
+        actor=team["member"], action="job.submit", target=job, data={"jobs": [job.pk]}
+    )
+    saved.save()
+    assert row(audit) == row(saved)
+    insert_instances()  # nothing to write: no statement

@@ -18,7 +18,7 @@ def test_a_submit_that_fails_midway_leaves_no_job_behind(team: dict[str, object]
     catalog_seed()
     project, owner = team["a"], team["owner"]
     with (
-        mock.patch("scheduler.admission.audit_record", side_effect=RuntimeError("audit down")),
+        mock.patch("scheduler.admission.audit_event", side_effect=RuntimeError("audit down")),
         pytest.raises(RuntimeError, match="audit down"),
     ):
         job_submit(actor=owner, project=project, spec=JobSpec(name="half", command="true"))
