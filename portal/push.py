@@ -97,8 +97,9 @@ def _lost(exc: redis.RedisError) -> None:
 def publish(messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
     """Publish `(channel, message)` pairs once the current transaction commits (at once
     outside one), so a page that fetches on hearing it sees the committed state. On the
-    cache's Redis (the same server; pub/sub ignores database numbers), they go in the round
-    trip of the transaction's other after-commit commands (`portal.redis_after_commit`)."""
+    cache's Redis (the same server; pub/sub ignores database numbers), in the round trip of
+    after-commit commands queued just before or after them (`portal.redis_after_commit`;
+    never ahead of an `on_commit` hook registered before them)."""
     if not enabled():
         return
     encoded = [(channel, orjson.dumps(message)) for channel, message in messages]

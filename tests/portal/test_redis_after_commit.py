@@ -1,6 +1,7 @@
-"""Redis commands after commit: sent once the transaction commits, all in one round trip,
-dropped with a savepoint or a transaction that rolls back; a submit's push message and its
-cycle request travel together."""
+"""Redis commands after commit: sent once the transaction commits, in one round trip when
+queued one after another, never ahead of an on-commit hook registered before them, dropped
+with a savepoint or a transaction that rolls back; a submit's push message and its cycle
+request travel together."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ pytestmark = pytest.mark.django_db(transaction=True)  # real commits run the hoo
 def sends(monkeypatch):
     """The round trips made (each batch sent), counted around the real send."""
     sent: list[int] = []
-    real = redis_after_commit._Batch.send
+    real = redis_after_commit._Batch.__call__
 
     def counted(batch):
         sent.append(sum(len(e.commands) for e in batch.entries))
         real(batch)
 
-    monkeypatch.setattr(redis_after_commit._Batch, "send", counted)
+    monkeypatch.setattr(redis_after_commit._Batch, "__call__", counted)
     return sent
 
 
@@ -52,6 +53,21 @@ def test_commands_wait_for_the_commit_and_share_one_round_trip(sends):
     assert answers == [True, True, None]  # each caller read its own answers, in order
     after_commit(cache, [("DEL", a)])  # outside a transaction: at once
     assert client.get(a) is None and sends == [3, 1]
+
+
+def test_commands_keep_their_place_among_other_on_commit_hooks(sends):
+    """A hook registered between two commands (dropping a cached version that a push message
+    must not overtake) runs between them: the second command starts a round trip after it."""
+    cache = redis_cache()
+    client = cache._cache.get_client(None, write=True)
+    first, second = _key(), _key()
+    seen: list[object] = []
+    with transaction.atomic():
+        after_commit(cache, [("SET", first, "1", "EX", 60)])
+        transaction.on_commit(lambda: seen.append((client.get(first), client.get(second))))
+        after_commit(cache, [("SET", second, "1", "EX", 60)])
+    assert seen == [(b"1", None)]  # the first was sent before the hook, the second after it
+    assert client.get(second) == b"1" and sends == [1, 1]
 
 
 def test_a_rolled_back_savepoint_drops_its_commands_and_keeps_the_others(sends):
