@@ -99,12 +99,13 @@ def test_a_submit_sends_its_push_message_and_cycle_request_together(team, fleet,
     from django.core.cache import cache as default_cache
 
     from scheduler.admission import JobSpec, job_submit
-    from scheduler.cycle_requests import CYCLE_REQUESTED
+    from scheduler.cycle_requests import CYCLE_DIRTY, CYCLE_REQUESTED
 
     default_cache.set(CYCLE_REQUESTED, 1, timeout=60)  # a cycle already requested: none queued
     job_submit(actor=team["owner"], project=team["a"], spec=JobSpec(name="x", command="true"))
-    assert sends == [2]  # PUBLISH and SET NX in one round trip
+    assert sends == [3]  # PUBLISH, and SET (queue changed), SET NX (a task?) in one round trip
     default_cache.delete(CYCLE_REQUESTED)
     job_submit(actor=team["owner"], project=team["a"], spec=JobSpec(name="y", command="true"))
     assert default_cache.get(CYCLE_REQUESTED) == 1  # stored as `cache.add` stores it
-    assert sends == [2, 2]
+    assert default_cache.get(CYCLE_DIRTY) == 1  # and the queue marked changed, as `cache.set`
+    assert sends == [3, 3]
