@@ -1,4 +1,8 @@
-"""API shapes for tenancy. Unknown fields are refused rather than silently dropped."""
+"""API shapes for tenancy. Unknown fields are refused rather than silently dropped.
+
+Fast path: `PrototypeFieldsMixin` (fields bound once per class, answers read through a
+per-class plan of plain reads), justified by `bench.submit_cost`: every submit answers its job.
+"""
 
 from __future__ import annotations
 
