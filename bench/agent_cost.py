@@ -24,7 +24,6 @@ follows; `--reuse` takes the database of an earlier plain run). Divide "Collecte
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -32,33 +31,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import command_line, machine, markdown_table, spread
+from bench import command_line, machine, markdown_table, spread, wsgi_environ
 
 URLCONFS = {"agent": "config.urls_agent", "web": "config.urls"}
 
 
 def _environ(path: str, token: str, body: bytes) -> dict[str, Any]:
-    return {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": path,
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(body)),
-        "HTTP_AUTHORIZATION": f"Bearer {token}",
-        "HTTP_HOST": "127.0.0.1",
-        "REMOTE_ADDR": "127.0.0.1",
-        "SERVER_NAME": "127.0.0.1",
-        "SERVER_PORT": "80",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.errors": io.StringIO(),
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-    }
+    return wsgi_environ("POST", path, body, {"Authorization": f"Bearer {token}"})
 
 
 class Agent:

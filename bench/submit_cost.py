@@ -27,7 +27,6 @@ cProfile of the measured submits (read with `python -m pstats FILE`).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -35,31 +34,11 @@ import subprocess
 import time
 from typing import Any
 
-from bench import command_line, machine, markdown_table, spread
+from bench import command_line, machine, markdown_table, spread, wsgi_environ
 
 
 def _environ(secret: str, body: bytes) -> dict[str, Any]:
-    return {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/api/v1/jobs",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(body)),
-        "HTTP_AUTHORIZATION": f"Bearer {secret}",
-        "HTTP_HOST": "127.0.0.1",
-        "REMOTE_ADDR": "127.0.0.1",
-        "SERVER_NAME": "127.0.0.1",
-        "SERVER_PORT": "80",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.errors": io.StringIO(),
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-    }
+    return wsgi_environ("POST", "/api/v1/jobs", body, {"Authorization": f"Bearer {secret}"})
 
 
 class Submitter:

@@ -5,7 +5,6 @@ conflicts as the web tier does."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections, connection
 from django.test import override_settings
 
+from bench import wsgi_environ
 from portal.models import AuditEvent
 from scheduler.models import Node
 from scheduler.nodes import agent_token_hash, agent_token_key
@@ -72,27 +72,7 @@ class AgentPool:
         self, method: str, path: str, token: str | None = None, body: Any = None, **headers: str
     ) -> Response:
         raw = json.dumps(body).encode() if body is not None else b""
-        environ = {
-            "REQUEST_METHOD": method,
-            "PATH_INFO": path,
-            "SCRIPT_NAME": "",
-            "QUERY_STRING": "",
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(raw)),
-            "HTTP_HOST": "127.0.0.1",
-            "REMOTE_ADDR": "127.0.0.1",
-            "SERVER_NAME": "127.0.0.1",
-            "SERVER_PORT": "80",
-            "SERVER_PROTOCOL": "HTTP/1.1",
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "http",
-            "wsgi.input": io.BytesIO(raw),
-            "wsgi.errors": io.StringIO(),
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-            **{f"HTTP_{k.upper()}": v for k, v in headers.items()},
-        }
+        environ = wsgi_environ(method, path, raw, headers)
         if token:
             environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
         started: list[tuple[str, list[tuple[str, str]]]] = []
