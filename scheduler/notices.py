@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 import orjson
+import redis
 from django.conf import settings
 from django.db import transaction
 
@@ -65,7 +66,11 @@ def job_notices_queue(payload: list[list[object]]) -> None:
     pipe = redis_client().pipeline(transaction=False)
     pipe.rpush(lock_key(NOTICES_QUEUED), orjson.dumps(payload))
     pipe.set(lock_key(NOTICES_REQUESTED), 1, nx=True, ex=NOTICES_REQUEST_TTL_S)
-    _, requested = pipe.execute()
+    try:
+        _, requested = pipe.execute()
+    except redis.RedisError:  # the batch as its own task's argument, as without Redis
+        enqueue(NOTICES_TASK, payload)
+        return
     if requested:
         enqueue(NOTICES_TASK)
 

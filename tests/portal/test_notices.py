@@ -285,3 +285,28 @@ def test_notices_of_many_transactions_wait_for_one_drain(
     )
     assert client.llen(lock_key(NOTICES_QUEUED)) == 0
     assert job_notices_drain() == 0  # nothing sent twice
+
+
+def test_without_the_notices_list_a_batch_goes_as_its_own_task(team, monkeypatch):
+    """Redis refusing the list (down, restarting) must not fail the write that committed: the
+    batch goes to the broker as its task's argument, as it does without Redis."""
+    import base64
+    import json
+
+    import redis
+    from django.conf import settings
+
+    from portal.locks import redis_client
+    from scheduler import notices
+
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    monkeypatch.setattr(notices, "redis_client", lambda: dead)
+    broker = redis_client()
+    queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "default"
+    before = broker.llen(queue)
+    notices.job_notices_queue([[7, "job_started", "Started"]])
+    assert broker.llen(queue) == before + 1
+    message = json.loads(broker.lpop(queue))
+    args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+    assert message["headers"]["task"] == notices.NOTICES_TASK
+    assert args == [[[7, "job_started", "Started"]]]
