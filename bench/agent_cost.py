@@ -75,21 +75,10 @@ class Agent:
 
 def reuse(db_suffix: str) -> tuple[str, list[str]] | None:
     """The node token and GPU uuids of the database an earlier run made (a new token)."""
-    from urllib.parse import urlparse, urlunparse
+    from bench.django_env import reuse as reuse_database
 
-    import psycopg
-
-    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal")
-    parts = urlparse(base)
-    url = urlunparse(parts._replace(path=f"/{parts.path.lstrip('/') or 'gpuportal'}_{db_suffix}"))
-    try:
-        psycopg.connect(url).close()
-    except psycopg.OperationalError:
+    if not reuse_database(db_suffix):
         return None
-    os.environ["DATABASE_URL"] = url
-    import django
-
-    django.setup()
     from scheduler.models import Gpu, Node
     from scheduler.nodes import node_issue_agent_token
 

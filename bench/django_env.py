@@ -30,6 +30,26 @@ def setup(db_suffix: str = "bench") -> str:
     return os.environ["DATABASE_URL"]
 
 
+def reuse(db_suffix: str) -> bool:
+    """Point Django at the database an earlier `setup(db_suffix)` made and set it up; False
+    (nothing changed) when there is no such database."""
+    import psycopg
+
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal")
+    parts = urlparse(base)
+    url = urlunparse(parts._replace(path=f"/{parts.path.lstrip('/') or 'gpuportal'}_{db_suffix}"))
+    try:
+        psycopg.connect(url).close()
+    except psycopg.OperationalError:
+        return False
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
+    import django
+
+    django.setup()
+    return True
+
+
 def teardown() -> None:
     from django.db import connections
 

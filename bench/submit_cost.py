@@ -117,22 +117,10 @@ def steady_state() -> None:
 def reuse(db_suffix: str) -> str | None:
     """Point Django at the database an earlier run made and seeded, empty its jobs, and
     return a new token for the bench user; None if there is no such database."""
-    from urllib.parse import urlparse, urlunparse
+    from bench.django_env import reuse as reuse_database
 
-    import psycopg
-
-    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal")
-    parts = urlparse(base)
-    url = urlunparse(parts._replace(path=f"/{parts.path.lstrip('/') or 'gpuportal'}_{db_suffix}"))
-    try:
-        psycopg.connect(url).close()
-    except psycopg.OperationalError:
+    if not reuse_database(db_suffix):
         return None
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.test")
-    import django
-
-    django.setup()
     from django.db import connection
 
     from portal.models import User
