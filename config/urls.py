@@ -22,6 +22,13 @@ def _login_rate() -> str:
 
 
 urlpatterns = [
+    # The API first: Django tries the patterns in order, and the busiest requests (agents' syncs
+    # and heartbeats, submissions) then skip the pages' patterns. No page path starts with api/.
+    path("api/agent/v1/", include("scheduler.agent_api.urls")),
+    path("api/v1/", include("portal.api.urls")),
+    path("api/v1/", include("scheduler.api.urls")),
+    path("api/v1/billing/", include("billing.api.urls")),
+    path("api/v1/monitoring/", include("monitoring.api.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("", web_views.home, name="home"),
@@ -152,11 +159,6 @@ urlpatterns = [
         ratelimited("login", _login_rate, methods=("POST",), page=True)(admin.site.login),
     ),
     path("admin/", admin.site.urls),
-    path("api/v1/", include("portal.api.urls")),
-    path("api/v1/", include("scheduler.api.urls")),
-    path("api/v1/billing/", include("billing.api.urls")),
-    path("api/v1/monitoring/", include("monitoring.api.urls")),
-    path("api/agent/v1/", include("scheduler.agent_api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path(
         "api/docs/",

@@ -17,14 +17,27 @@ from celery import current_app
 _importing = threading.Lock()
 
 
+def tasks_import() -> None:
+    """Import every installed app's `tasks.py` and the configured task modules, as a worker
+    does at start, so that every task is registered with its own options.
+
+    Not through `loader.import_default_modules()`: its signal also runs Celery's Django fixup,
+    which validates the models by running all of Django's system checks (about 90 ms of CPU
+    in a web worker, paid by the first request that queued a task). The web and agent entry
+    points call this once as the worker boots (`config/wsgi.py`)."""
+    current_app.autodiscover_tasks(force=True)
+    for module in current_app.loader.default_modules:
+        current_app.loader.import_task_module(module)
+
+
 def task_named(name: str) -> Any:
-    """The task registered as `name`. A web process imports no `tasks.py` by itself: the first
-    time a name is missing, every installed app's tasks are imported (Celery's autodiscovery,
-    as a worker does at start), so the task's own options and routes apply."""
+    """The task registered as `name`. A process that imported no `tasks.py` (a web worker
+    before its entry point did) imports them all the first time a name is missing, so the
+    task's own options and routes apply."""
     if name not in current_app.tasks:
         with _importing:
             if name not in current_app.tasks:
-                current_app.loader.import_default_modules()
+                tasks_import()
     return current_app.tasks[name]
 
 

@@ -61,3 +61,64 @@ def test_threads_of_a_fresh_worker_asking_at_once_all_find_the_task():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "8 []"
+
+
+SAME_TASKS = """
+import django
+django.setup()
+from celery import current_app
+import celery.fixups.django as fixup
+from portal.enqueue import tasks_import
+
+def checks_ran(self):
+    raise SystemExit("Django's system checks ran")
+
+fixup.DjangoWorkerFixup.validate_models = checks_ran
+tasks_import()
+ours = sorted(name for name in current_app.tasks if not name.startswith("celery."))
+fixup.DjangoWorkerFixup.validate_models = lambda self: None
+current_app.loader.import_default_modules()  # what a worker imports at start
+theirs = sorted(name for name in current_app.tasks if not name.startswith("celery."))
+print(ours == theirs, len(ours), "scheduler.job_notices" in ours)
+"""
+
+
+def test_tasks_import_registers_what_a_worker_does_without_running_the_system_checks():
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
+    result = subprocess.run(
+        [sys.executable, "-c", SAME_TASKS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    same, count, notices = result.stdout.split()
+    assert (same, notices) == ("True", "True")
+    assert int(count) > 10
+
+
+BOOT = """
+import importlib, sys
+from celery import current_app
+importlib.import_module(sys.argv[1])
+print("scheduler.job_notices" in current_app.tasks, "scheduler.cycle" in current_app.tasks)
+"""
+
+
+def test_the_web_and_agent_entry_points_register_every_task_as_the_worker_boots():
+    # The first request that queues a task no longer pays for importing them (or for a lost
+    # race on the registry).
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
+    for entry in ("config.wsgi", "config.wsgi_agent", "config.asgi"):
+        result = subprocess.run(
+            [sys.executable, "-c", BOOT, entry],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["True", "True"], entry
