@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -258,7 +259,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@functools.cache
 def _boot_id() -> str:
+    """This boot of the host (it cannot change while the agent runs: read once)."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
