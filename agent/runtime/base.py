@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +38,60 @@ class Assignment(Protocol):
     def shm_mib(self) -> int: ...
 
 
-# Jobs run as uid/gid JOB_UID_BASE + (job id mod JOB_UID_RANGE): never the agent's, never root,
-# and two jobs on one node differ unless their ids are JOB_UID_RANGE apart.
+# Jobs run as uid/gid JOB_UID_BASE + (job id mod JOB_UID_RANGE): never the agent's, never root.
+# Two jobs whose ids are JOB_UID_RANGE apart would share it: `JobUids` gives the second the next
+# uid no live attempt on the node holds.
 DEFAULT_JOB_UID_BASE = 200_000
 JOB_UID_RANGE = 60_000
 
 
 def job_uid(job_id: int, base: int = DEFAULT_JOB_UID_BASE) -> int:
+    """The uid a job runs as when no other job on the node holds it."""
     return base + job_id % JOB_UID_RANGE
+
+
+class JobUids:
+    """The job uids that live attempts on this node hold.
+
+    A job's uid is `job_uid(job id)`, the same on every node and for every attempt (so a
+    requeued attempt reads the checkpoint files an earlier one wrote), unless an attempt of
+    another job holds it now: ids JOB_UID_RANGE apart meet on one node once a portal has run
+    that many jobs, and two jobs under one uid could read each other's files, and the end of
+    one would kill the other's processes (`kill_uid`). That second job gets the next uid that
+    nothing holds. Starts and ends come from the agent's loop; the lock keeps it safe anyway.
+    """
+
+    def __init__(self, base: int, *, size: int = JOB_UID_RANGE) -> None:
+        self.base = base
+        self.size = size
+        self._holders: dict[int, tuple[int, int]] = {}  # uid -> (job id, attempts holding it)
+        self._lock = threading.Lock()
+
+    def acquire(self, job_id: int) -> int:
+        with self._lock:
+            for step in range(self.size):
+                uid = self.base + (job_id + step) % self.size
+                holder, count = self._holders.get(uid, (job_id, 0))
+                if holder == job_id:
+                    self._holders[uid] = (job_id, count + 1)
+                    return uid
+        raise LaunchError(f"all {self.size:,} job uids are held by running attempts")
+
+    def release(self, uid: int | None) -> None:
+        with self._lock:
+            holder = self._holders.get(uid) if uid is not None else None
+            if holder is None:
+                return
+            job_id, count = holder
+            if count > 1:
+                self._holders[uid] = (job_id, count - 1)  # type: ignore[index]
+            else:
+                del self._holders[uid]  # type: ignore[arg-type]
+
+    def held(self) -> dict[int, int]:
+        """uid -> the job holding it."""
+        with self._lock:
+            return {uid: job for uid, (job, _) in self._holders.items()}
 
 
 class LaunchError(Exception):
@@ -116,12 +164,35 @@ class Runtime:
         images, told in each heartbeat answer); nothing to do without a container engine."""
 
 
-def prepare_dir(path: Path, uid: int | None, *, mode: int = 0o700) -> None:
-    """Create a job's directory, owned by the job's uid and closed to every other job."""
+def prepare_dir(
+    path: Path, uid: int | None, *, mode: int = 0o700, uid_base: int | None = None
+) -> None:
+    """Create a job's directory, owned by the job's uid and closed to every other job.
+
+    With `uid_base`: a directory an earlier attempt of the job left under another job uid (it
+    ran as a uid `JobUids` moved aside) has what that uid owned in it handed to this one, so a
+    requeued attempt reads its checkpoint. Only entries owned by that job uid: nothing a job
+    linked in from elsewhere (a hard link to a root file stays root's), no symlink followed.
+    """
     path.mkdir(parents=True, exist_ok=True)
-    if uid is not None:
-        os.chown(path, uid, uid)
-        os.chmod(path, mode)
+    if uid is None:
+        return
+    before = path.lstat().st_uid
+    if uid_base is not None and before != uid and uid_base <= before < uid_base + JOB_UID_RANGE:
+        _reown_tree(path, before, uid)
+    os.chown(path, uid, uid)
+    os.chmod(path, mode)
+
+
+def _reown_tree(root: Path, old: int, new: int) -> None:
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            entry = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                st = os.lstat(entry)
+                if st.st_uid != old or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
+                    continue
+                os.lchown(entry, new, new if st.st_gid == old else -1)
 
 
 def open_parent(path: Path) -> None:

@@ -7,7 +7,7 @@ and when the job's main process ends the kernel ends everything else in the name
 
 - the job's image, never pulled at start (`--pull=never`: warm nodes keep the curated images);
   a missing image fails the attempt at once, naming it; the digest it ran is reported;
-- its own uid (`--user`, see `job_uid`), no capabilities, `no-new-privileges`;
+- its own uid (`--user`, see `JobUids`), no capabilities, `no-new-privileges`;
 - CPU, memory (no swap on top) and pids limits from the job, else defaults per GPU. On a
   cgroup v1 host (with root) the memory limit is set on a parent cgroup the agent creates per
   attempt (`--cgroup-parent=gpucloud/<name>`): the container's own cgroup is gone by the time its
@@ -52,11 +52,11 @@ from pathlib import Path
 
 from agent.runtime.base import (
     Assignment,
+    JobUids,
     Launch,
     LaunchError,
     Outcome,
     Runtime,
-    job_uid,
     prepare_dir,
 )
 from agent.runtime.jobnet import JobNetwork
@@ -128,6 +128,7 @@ class ContainerRuntime(Runtime):
         self.oci_runtime = oci_runtime
         self.default_image = default_image
         self.uid_base = uid_base if uid_base is not None else 200_000
+        self.uids = JobUids(self.uid_base)
         self.cpu_milli_per_gpu = cpu_milli_per_gpu
         self.memory_mib_per_gpu = memory_mib_per_gpu
         self.pids_limit = pids_limit
@@ -287,8 +288,25 @@ class ContainerRuntime(Runtime):
             raise LaunchError("the job names no image and this node has no default image")
         network = self.network_flag(env)
         digest = self.image_digest(image)
-        uid = job_uid(a.job_id, self.uid_base)
-        prepare_dir(cwd, uid)
+        uid = self.uids.acquire(a.job_id)
+        try:
+            return self._launch(a, uid, image, network, digest, cwd, checkpoint, env)
+        except BaseException:
+            self.uids.release(uid)
+            raise
+
+    def _launch(
+        self,
+        a: Assignment,
+        uid: int,
+        image: str,
+        network: str,
+        digest: str,
+        cwd: Path,
+        checkpoint: Path | None,
+        env: dict[str, str],
+    ) -> Launch:
+        prepare_dir(cwd, uid, uid_base=self.uid_base)
         member = env.get("NODE_RANK", "") if network == "--network=host" else ""
         name = self.container_name(a.job_id, a.attempt, member if member.isdigit() else "")
         self._podman("rm", "--force", "--time", "0", name)  # a leftover of the same attempt
@@ -326,7 +344,7 @@ class ContainerRuntime(Runtime):
         if a.shm_mib > 0:  # shared memory the job asked for (PyTorch DataLoader workers...)
             argv += [f"--shm-size={a.shm_mib}m"]
         if checkpoint is not None:
-            prepare_dir(checkpoint, uid)
+            prepare_dir(checkpoint, uid, uid_base=self.uid_base)
             argv += ["--volume", f"{checkpoint}:{CHECKPOINT}:rw"]
             env["CHECKPOINT_DIR"] = CHECKPOINT
         if self.agent_source:
@@ -350,7 +368,7 @@ class ContainerRuntime(Runtime):
             image_digest=digest,
             container=name,
             memory_mib=memory_mib,
-            extra={"env_file": str(env_file), "memory_limit": limit},
+            extra={"env_file": str(env_file), "memory_limit": limit, "uid": str(uid)},
         )
 
     def _env_file(self, name: str, env: dict[str, str]) -> Path:
@@ -415,6 +433,7 @@ class ContainerRuntime(Runtime):
         return None
 
     def cleanup(self, launch: Launch) -> None:
+        self.uids.release(int(launch.extra["uid"]) if "uid" in launch.extra else None)
         with contextlib.suppress(OSError, KeyError):
             os.unlink(launch.extra["env_file"])
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):

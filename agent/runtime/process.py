@@ -3,7 +3,7 @@
 Chosen only explicitly (`AGENT_RUNTIME=process`). What fences the job here:
 
 - its environment is the runner's allow-list (nothing of the agent's);
-- when the agent runs as root, the job runs as a uid of its own (`job_uid`), with no
+- when the agent runs as root, the job runs as a uid of its own (`JobUids`), with no
   supplementary groups and umask 077: it cannot read the agent's token file or state file
   (0600, the agent's), `/proc/<agent>/environ` or memory, another job's directories (0700, that
   job's uid), nor signal the agent (another uid);
@@ -22,7 +22,7 @@ import logging
 import os
 from pathlib import Path
 
-from agent.runtime.base import Assignment, Launch, Runtime, job_uid, kill_uid, prepare_dir
+from agent.runtime.base import Assignment, JobUids, Launch, Runtime, kill_uid, prepare_dir
 from agent.runtime.mps import MpsControl
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class ProcessRuntime(Runtime):
             )
         self.shell = shell
         self.mps = mps
+        self.uids = JobUids(self.uid_base) if self.uid_base is not None else None
 
     def describe(self) -> str:
         if self.uid_base is None:
@@ -56,10 +57,15 @@ class ProcessRuntime(Runtime):
     def launch(
         self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
     ) -> Launch:
-        uid = job_uid(a.job_id, self.uid_base) if self.uid_base is not None else None
-        prepare_dir(cwd, uid)
-        if checkpoint is not None:
-            prepare_dir(checkpoint, uid)
+        uid = self.uids.acquire(a.job_id) if self.uids is not None else None
+        try:
+            prepare_dir(cwd, uid, uid_base=self.uid_base)
+            if checkpoint is not None:
+                prepare_dir(checkpoint, uid, uid_base=self.uid_base)
+        except BaseException:
+            if self.uids is not None:
+                self.uids.release(uid)
+            raise
         if self.mps is not None and a.gpu_uuids and a.share_milli < 1000:
             self.mps.limit(a.gpu_uuids, a.share_milli, a.gpu_memory_limit_mib)
         if uid is not None:
@@ -67,6 +73,8 @@ class ProcessRuntime(Runtime):
         return Launch(argv=[self.shell, "-c", a.command], env=env, cwd=cwd, user=uid, group=uid)
 
     def cleanup(self, launch: Launch) -> None:
+        if self.uids is not None:
+            self.uids.release(launch.user)
         if launch.user is not None:
             gang = launch.env.get("NNODES", "1") != "1"
             killed = kill_uid(launch.user, node_rank=launch.env.get("NODE_RANK") if gang else None)

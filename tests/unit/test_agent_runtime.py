@@ -23,6 +23,7 @@ import pytest
 from agent.config import Config
 from agent.runner import Assignment, Runner, agent_source_root
 from agent.runtime import ContainerRuntime, LaunchError, ProcessRuntime, job_uid, jobnet
+from agent.runtime.base import JOB_UID_RANGE, JobUids, prepare_dir
 from agent.runtime.mps import MpsControl, MpsError
 from tests import polling
 
@@ -126,6 +127,97 @@ def test_the_process_runtime_fences_a_job_in_a_uid_of_its_own(workdir: Path) -> 
     assert not _live_of(uid)
     runner.stop_all("killed", "test over", grace_s=0)
     wait_for(lambda: 7 in exits(runner), runner)
+
+
+@pytest.mark.parametrize(
+    ("held", "job", "expected"),
+    [
+        ({}, 7, 1_007),  # nothing held: the job's own uid
+        ({1_007: 7}, 7, 1_007),  # held by the job itself (another attempt): shared
+        ({1_007: 17}, 7, 1_008),  # ids a range apart: the next free uid
+        ({1_007: 17, 1_008: 8}, 7, 1_009),
+        ({1_009: 19}, 9, 1_000),  # past the top of the range: wraps to its bottom
+    ],
+)
+def test_job_uids_give_a_job_its_own_uid_unless_another_job_holds_it(
+    held: dict[int, int], job: int, expected: int
+) -> None:
+    uids = JobUids(1_000, size=10)
+    for uid, holder in held.items():
+        assert uids.acquire(holder) == uid
+    assert uids.acquire(job) == expected
+    assert uids.held()[expected] == job
+
+
+def test_job_uids_are_free_again_once_every_attempt_holding_them_ended() -> None:
+    uids = JobUids(1_000, size=10)
+    first, second = uids.acquire(7), uids.acquire(7)  # two attempts of one job
+    assert first == second == 1_007
+    uids.release(first)
+    assert uids.acquire(17) == 1_008  # one attempt still holds 1_007
+    uids.release(second)
+    uids.release(None)  # an attempt that never switched uid: nothing to give back
+    assert uids.acquire(27) == 1_007
+    for job in range(2, 10):  # the other eight
+        uids.acquire(job * 10)
+    with pytest.raises(LaunchError, match="all 10 job uids"):
+        uids.acquire(99)
+
+
+@needs_root
+def test_two_jobs_whose_ids_share_a_uid_slot_run_apart(workdir: Path) -> None:
+    """Jobs 5 and 60,005 would both be uid 200,005: the second gets its own, so neither can
+    read the other's files, and the first one's end (its uid swept) spares the second."""
+    runtime = ProcessRuntime(uid_base=200_000)
+    runner = make_runner(workdir, runtime)
+    runner.start(assignment(5, "echo mine > own.txt; id -u; sleep 30"))
+    other = 5 + JOB_UID_RANGE
+    runner.start(
+        assignment(other, f"id -u; sleep 1; cat {workdir}/jobs/5/own.txt || echo DENIED; sleep 30")
+    )
+    wait_for(lambda: "DENIED" in output(runner, other) or "mine" in output(runner, other), runner)
+    assert output(runner, 5).split() == [str(job_uid(5, 200_000))]
+    assert output(runner, other).split()[0] == str(job_uid(5, 200_000) + 1)
+    assert "DENIED" in output(runner, other)
+    runner.stop((5, 1), "killed", "test over", grace_s=0)
+    wait_for(lambda: 5 in exits(runner), runner)
+    time.sleep(0.3)
+    runner.poll()
+    assert other not in exits(runner)  # still running: the sweep of uid 200,005 spared it
+    assert _live_of(job_uid(5, 200_000) + 1)
+    runner.stop_all("killed", "test over", grace_s=0)
+    wait_for(lambda: other in exits(runner), runner)
+
+
+@needs_root
+def test_a_job_dir_left_under_another_job_uid_is_handed_over_but_nothing_linked_in(
+    tmp_path: Path,
+) -> None:
+    base = 200_000
+    folder = tmp_path / "ckpt"
+    (folder / "sub").mkdir(parents=True)
+    os.chown(folder, base + 5, base + 5)
+    for path in (folder / "sub", folder / "sub" / "model.pt"):
+        if not path.exists():
+            path.write_text("weights")
+        os.chown(path, base + 5, base + 5)
+    outside = tmp_path / "root-owned"
+    outside.write_text("root's")
+    os.link(outside, folder / "link")  # a hard link to a file the job does not own
+    (folder / "sym").symlink_to(outside)
+    os.lchown(folder / "sym", base + 5, base + 5)
+    prepare_dir(folder, base + 6, uid_base=base)
+    assert folder.stat().st_uid == base + 6
+    assert (folder / "sub").stat().st_uid == base + 6
+    assert (folder / "sub" / "model.pt").stat().st_uid == base + 6
+    assert (folder / "sym").lstat().st_uid == base + 6  # the link itself, not followed
+    assert outside.stat().st_uid == 0
+    # A directory not left by a job uid (the agent's own, root's) keeps its contents' owners.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "f").write_text("x")
+    prepare_dir(plain, base + 6, uid_base=base)
+    assert (plain / "f").stat().st_uid == 0
 
 
 @needs_root
