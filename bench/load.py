@@ -573,14 +573,15 @@ def run(args: argparse.Namespace) -> None:
     db_url = setup("load")
     dbname = db_url.rsplit("/", 1)[1]
     secret, tokens = seed(args.nodes, "")
-    from portal.models import Membership, Role, User
+    from portal.models import Membership, Project, Role, User
 
+    project_id = Project.objects.get(slug="bench").pk
     users = []
     for n in range(args.users):  # one account and one session per simulated user
         email = f"user{n}@bench.example"
         user = User.objects.create_user(email, "bench-password-1")
         Membership.objects.create(
-            project_id=User.objects.get(email="bench@example.org").projects.first().pk,
+            project_id=project_id,
             user=user,
             role=Role.MEMBER,
         )

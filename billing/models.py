@@ -550,7 +550,9 @@ class Budget(models.Model):
         max_digits=12, decimal_places=2, validators=[MinValueValidator(Decimal("0.01"))]
     )
     hard_cap = models.BooleanField(
-        default=False, help_text="At 100 % new jobs are refused; preemptible ones are offered."
+        default=False,
+        help_text="A job whose expected cost would take this month's spend past the budget is "
+        "refused (a preemptible one may go on up to the allowance below).",
     )
     preemptible_allowance_percent = models.PositiveSmallIntegerField(
         default=10,
