@@ -1,10 +1,11 @@
 """Running assigned work as process groups: start, stream logs, stop with grace, report exits.
 
-Each attempt runs as `/bin/sh -c <command>` in a new session (its own process group), so a stop
-reaches every process the job started: SIGTERM to the group, `grace_seconds`, then SIGKILL. What
-the agent must tell the portal (started, log chunks, exited) is queued in `Runner.outbox`, in
-order; the main loop sends it. The runner is driven by one thread (`poll()`); only the pipe
-readers run on their own threads.
+Each attempt runs in a new session (its own process group), as `/bin/sh -c <command>`, or, for a
+plain simple command the shell would only fork and wait for (`sleep 3600`), as the program itself
+(the process runtime's `direct_argv`). Either way a stop reaches every process the job started:
+SIGTERM to the group, `grace_seconds`, then SIGKILL. What the agent must tell the portal
+(started, log chunks, exited) is queued in `Runner.outbox`, in order; the main loop sends it.
+The runner is driven by one thread (`poll()`); only the pipe readers run on their own threads.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -611,3 +612,253 @@ def test_the_fence_lets_a_job_uid_reach_only_sockets_of_its_own_uid() -> None:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         subprocess.run(["nft", "delete", "table", "inet", net.table], check=False)
+
+
+# -- the process runtime execs a plain simple command without the shell ----------------------
+
+SLEEP = os.path.realpath(shutil.which("sleep") or "/bin/sleep")
+SHELL = os.path.realpath("/bin/sh")
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+@pytest.fixture
+def programs(workdir: Path) -> Path:
+    """A directory with a `#!` script, a script without one and a non-executable file."""
+    path = workdir.parent / "programs"
+    (path / "bin").mkdir(parents=True)
+    (path / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (path / "bin" / "tool").write_text("#!/bin/sh\necho tool\n")
+    (path / "noshebang").write_text("echo as a shell script\n")
+    (path / "data").write_text("#!/bin/sh\n")
+    for name in ("run.sh", "bin/tool", "noshebang"):
+        (path / name).chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("sleep 3600", ["sleep", "3600"]),
+        ("  sleep\t1  ", ["sleep", "1"]),
+        ("/bin/sleep 0", ["/bin/sleep", "0"]),
+        ("env", ["env"]),
+        (
+            "python3 -m agent.workload --steps=5 --out=a,b:c+d%e@f -x",
+            ["python3", "-m", "agent.workload", "--steps=5", "--out=a,b:c+d%e@f", "-x"],
+        ),
+        ("./run.sh", ["./run.sh"]),  # a `#!` script under the job's cwd
+        ("tool --flag", ["tool", "--flag"]),  # found through a relative PATH entry
+        # shell syntax: quoting, expansion, globs, operators, redirections, grouping, comments
+        ("sleep 1 | cat", None),
+        ("sleep $DELAY", None),
+        ("sleep ${DELAY}", None),
+        ("echo 'a'", None),
+        ('sleep "1"', None),
+        ("sleep `echo 1`", None),
+        ("sleep 1\\ 2", None),
+        ("ls *", None),
+        ("ls ?", None),
+        ("ls [ab]", None),
+        ("ls ~", None),
+        ("sleep 1 # why", None),
+        ("sleep 1; ls", None),
+        ("sleep 1 &", None),
+        ("sleep 1 && ls", None),
+        ("cat < x", None),
+        ("ls > x", None),
+        ("(sleep 1)", None),
+        ("sleep 1\nls", None),
+        ("sleep 1\rls", None),
+        # builtins and keywords, even where a program of that name exists
+        ("echo hi", None),
+        ("true", None),
+        ("false", None),
+        ("test 1 = 2", None),
+        ("[ 1 = 2 ]", None),
+        ("exit 3", None),
+        ("cd x", None),
+        ("kill -9 1", None),
+        ("printf x", None),
+        ("pwd", None),
+        ("time sleep 1", None),
+        ("exec sleep 1", None),
+        ("if", None),
+        ("{", None),
+        # an assignment, and programs the shell must report (not found, not executable)
+        ("FOO=1 env", None),
+        ("a-b=1 env", None),
+        ("no-such-program-here 1", None),
+        ("./missing.sh", None),
+        ("./data", None),  # not executable
+        ("./bin", None),  # a directory
+        ("./noshebang", None),  # the shell runs it as a script; exec(2) would refuse it
+        ("", None),
+        ("   ", None),
+    ],
+)
+def test_which_commands_run_without_the_shell(
+    programs: Path, command: str, argv: list[str] | None
+) -> None:
+    from agent.runtime.process import direct_argv
+
+    env = {"PATH": f"bin:{os.environ['PATH']}"}
+    assert direct_argv(command, env, programs) == argv
+
+
+def test_a_job_that_sets_its_own_pwd_or_has_no_path_keeps_the_shell(programs: Path) -> None:
+    from agent.runtime.process import direct_argv
+
+    assert direct_argv("sleep 1", {"PATH": os.environ["PATH"]}, programs) == ["sleep", "1"]
+    assert direct_argv("sleep 1", {"PATH": os.environ["PATH"], "PWD": "/"}, programs) is None
+    assert direct_argv("sleep 1", {}, programs) is None
+
+
+def test_a_simple_command_is_the_jobs_main_process(workdir: Path) -> None:
+    runner = make_runner(workdir, ProcessRuntime())
+    job = runner.start(assignment(21, "sleep 30", grace_seconds=5))
+    assert job.pid is not None and job.launch is not None
+    assert job.launch.argv == ["sleep", "30"]
+    assert _exe(job.pid) == SLEEP  # no shell in between
+    assert Path(f"/proc/{job.pid}/cmdline").read_bytes() == b"sleep\x0030\x00"
+    assert os.getpgid(job.pid) == job.pid and os.getsid(job.pid) == job.pid
+    # A stop still reaches it through its process group, and its status is reported as before.
+    assert runner.stop((21, 1), "preempted", "preempted by the portal")
+    wait_for(lambda: 21 in exits(runner), runner)
+    body = exits(runner)[21]
+    assert body["reason"] == "preempted" and body["signal"] == signal.SIGTERM
+    assert body["exit_code"] is None and "ended after SIGTERM" in body["message"]
+
+
+def test_a_command_with_shell_syntax_still_runs_through_the_shell(workdir: Path) -> None:
+    runner = make_runner(workdir, ProcessRuntime())
+    job = runner.start(assignment(22, "sleep 30; true", grace_seconds=5))
+    assert job.pid is not None and job.launch is not None
+    assert job.launch.argv == ["/bin/sh", "-c", "sleep 30; true"]
+    assert _exe(job.pid) == SHELL
+    runner.stop((22, 1), "cancelled", "cancelled by the user")
+    wait_for(lambda: 22 in exits(runner), runner)
+    assert exits(runner)[22]["signal"] == signal.SIGTERM
+
+    cases = {
+        23: ("echo abc | tr a x", 0, "xbc\n"),
+        24: ("echo \"$FOO-${FOO}\" '$FOO'", 0, "one-one $FOO\n"),
+        25: ("exit 3", 3, ""),
+        26: ("mkdir -p sub && cd sub && pwd", 0, f"{os.path.realpath(workdir)}/jobs/26/sub\n"),
+        27: ("FOO=1 env", 0, "FOO=1\n"),
+        28: ("false", 1, ""),
+    }
+    for job_id, (command, _, _) in cases.items():
+        started = runner.start(assignment(job_id, command, env={"FOO": "one"}))
+        assert started.launch is not None
+        assert started.launch.argv == ["/bin/sh", "-c", command]
+    wait_for(lambda: set(cases) <= set(exits(runner)), runner)
+    for job_id, (command, code, text) in cases.items():
+        assert exits(runner)[job_id]["exit_code"] == code, command
+        if job_id == 27:
+            assert text in output(runner, job_id)
+        else:
+            assert output(runner, job_id) == text, command
+
+
+def test_a_missing_program_still_exits_127_through_the_shell(workdir: Path) -> None:
+    runner = make_runner(workdir, ProcessRuntime())
+    job = runner.start(assignment(31, "no-such-program-here --flag"))
+    assert job.launch is not None and job.launch.argv[:2] == ["/bin/sh", "-c"]
+    wait_for(lambda: 31 in exits(runner), runner)
+    body = exits(runner)[31]
+    assert (body["reason"], body["exit_code"], body["signal"]) == ("exited", 127, None)
+    assert "no-such-program-here: not found" in output(runner, 31)
+
+
+def test_a_direct_program_reports_as_through_the_shell(workdir: Path) -> None:
+    """Exit code, message, output and environment of a program exec'd directly are those the
+    same program gives as the shell's child (`{ ...; }` keeps the shell)."""
+    runner = make_runner(workdir, ProcessRuntime())
+    pairs = {
+        41: ("/bin/ls /nonexistent-here", "{ /bin/ls /nonexistent-here; }"),
+        43: ("/bin/sleep 0", "{ /bin/sleep 0; }"),
+        45: ("env", "{ env; }"),
+    }
+    for job_id, (direct, shell) in pairs.items():
+        # the same working directory for both, so PWD compares too
+        a = runner.start(assignment(job_id, direct, working_dir="shared", env={"X": "1"}))
+        b = runner.start(assignment(job_id + 1, shell, working_dir="shared", env={"X": "1"}))
+        assert a.launch is not None and a.launch.argv == direct.split()
+        assert b.launch is not None and b.launch.argv[:2] == ["/bin/sh", "-c"]
+    wait_for(lambda: len(exits(runner)) == 2 * len(pairs), runner)
+    for job_id in pairs:
+        direct_body, shell_body = exits(runner)[job_id], exits(runner)[job_id + 1]
+        assert {**direct_body, "attempt": 0} == {**shell_body, "attempt": 0}
+        direct_out, shell_out = output(runner, job_id), output(runner, job_id + 1)
+        if job_id == 45:
+            assert sorted(direct_out.splitlines()) == sorted(shell_out.splitlines())
+            assert f"PWD={os.path.realpath(workdir)}/jobs/shared" in direct_out.splitlines()
+        else:
+            assert direct_out == shell_out
+    assert exits(runner)[41]["exit_code"] == 2 and exits(runner)[43]["exit_code"] == 0
+    assert "nonexistent-here" in output(runner, 41)
+
+
+def test_a_direct_program_that_ignores_sigterm_is_killed_after_the_grace(
+    workdir: Path, programs: Path
+) -> None:
+    script = programs / "stubborn.py"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    script.chmod(0o755)
+    runner = make_runner(workdir, ProcessRuntime())
+    job = runner.start(assignment(51, str(script), grace_seconds=0.5))
+    assert job.launch is not None and job.launch.argv == [str(script)]
+    wait_for(lambda: "ready" in output(runner, 51), runner)
+    assert os.getpgid(job.pid or 0) == job.pid
+    started = time.monotonic()
+    runner.stop((51, 1), "cancelled", "cancelled by the user")
+    wait_for(lambda: 51 in exits(runner), runner)
+    assert 0.5 <= time.monotonic() - started < 5
+    body = exits(runner)[51]
+    assert body["signal"] == signal.SIGKILL and "SIGKILL after 0.5s grace" in body["message"]
+
+
+@needs_root
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "python-switch"])
+def test_a_direct_program_gets_the_same_fence(
+    workdir: Path, setpriv: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exec'd directly (through setpriv, or Python's own switch), the program runs as the job's
+    uid and gid, no supplementary groups, umask 077, as the shell did."""
+    from agent import runner as runner_module
+
+    if setpriv and runner_module.SETPRIV is None:
+        pytest.skip("no setpriv on this host")
+    if not setpriv:
+        monkeypatch.setattr(runner_module, "SETPRIV", None)
+    runner = make_runner(workdir, ProcessRuntime(uid_base=200_000))
+    job = runner.start(assignment(61, "sleep 30", grace_seconds=5))
+    assert job.pid is not None and job.launch is not None
+    assert job.launch.argv == ["sleep", "30"]
+    wait_for(lambda: _exe(job.pid or 0) == SLEEP, runner)  # setpriv has exec'd it
+    status = _status(job.pid)
+    uid = str(job_uid(61, 200_000))
+    assert status["Uid"].split() == [uid] * 4 and status["Gid"].split() == [uid] * 4
+    assert status["Groups"] == "" and status["Umask"] == "0077"
+    assert os.getpgid(job.pid) == job.pid
+    runner.stop_all("killed", "test over", grace_s=5)
+    wait_for(lambda: 61 in exits(runner), runner)
+    assert exits(runner)[61]["signal"] == signal.SIGTERM
+    assert not _live_of(int(uid))
