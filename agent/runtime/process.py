@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -88,8 +89,12 @@ def direct_argv(command: str, env: Mapping[str, str], cwd: Path) -> list[str] | 
         path = shutil.which(program, path=os.pathsep.join(dirs))
         if path is None:
             return None
+    # Read as the agent: only a regular file, and never waiting on one (a FIFO a job left on
+    # its PATH must not hang the agent, a device must not be opened at all).
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return None
     try:

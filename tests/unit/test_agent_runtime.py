@@ -716,6 +716,23 @@ def test_which_commands_run_without_the_shell(
     assert direct_argv(command, env, programs) == argv
 
 
+def test_a_fifo_on_the_jobs_path_keeps_the_shell_without_blocking_the_agent(
+    programs: Path,
+) -> None:
+    """The agent reads a program's first bytes as itself: a FIFO an earlier attempt left on the
+    job's PATH (opening it would wait for a writer, and the agent with it) is never opened."""
+    from agent.runtime.process import direct_argv
+
+    trap = programs / "trap"
+    trap.mkdir()
+    os.mkfifo(trap / "sleep", 0o755)
+    env = {"PATH": f"trap:{os.environ['PATH']}"}
+    started = time.monotonic()
+    assert direct_argv("sleep 1", env, programs) is None
+    assert direct_argv("./trap/sleep 1", env, programs) is None
+    assert time.monotonic() - started < 1
+
+
 def test_a_job_that_sets_its_own_pwd_or_has_no_path_keeps_the_shell(programs: Path) -> None:
     from agent.runtime.process import direct_argv
 
