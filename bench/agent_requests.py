@@ -56,7 +56,7 @@ def seed() -> tuple[str, list[str]]:
     return node_issue_agent_token(node=node), uuids
 
 
-def heartbeat_body(uuids: list[str]) -> dict[str, Any]:
+def heartbeat_body(uuids: list[str], samples_per_gpu: int = SAMPLES_PER_GPU) -> dict[str, Any]:
     return {
         "telemetry": [
             {
@@ -73,7 +73,7 @@ def heartbeat_body(uuids: list[str]) -> dict[str, Any]:
                 "lost": False,
                 "age_s": age,
             }
-            for age in range(SAMPLES_PER_GPU)
+            for age in range(samples_per_gpu)
             for i, uuid in enumerate(uuids)
         ],
         "running": [],

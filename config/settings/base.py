@@ -254,9 +254,15 @@ REST_FRAMEWORK = {
         "dry_run": env("RATE_DRY_RUN", default="120/min"),
         # "agent", "agent_heartbeat", "agent_logs": set below, from the agents' intervals
     },
+    # DRF's JSON classes through orjson where it gives the same result (portal/api/fastjson.py).
     "DEFAULT_RENDERER_CLASSES": [
-        "rest_framework.renderers.JSONRenderer",
+        "portal.api.fastjson.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.api.fastjson.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
     ],
 }
 

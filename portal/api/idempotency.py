@@ -33,10 +33,10 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, transaction
 from django.http.request import RawPostDataException
 from django.utils import timezone
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.api.fastjson import JSONRenderer
 from portal.errors import Conflict, DomainError
 from portal.models import IdempotencyKey, User
 

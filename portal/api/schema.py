@@ -4,7 +4,8 @@
   `portal/api/errors.py`), so clients and contract tests know them.
 - `StrictSerializerExtension` marks bodies of `StrictSerializer`s `additionalProperties: false`:
   the server refuses unknown fields, so the schema says so.
-- `StrictJSONParser` refuses JSON strings that are not Unicode text (unpaired surrogates).
+- `StrictJSONParser` refuses JSON strings that are not Unicode text (unpaired surrogates); it
+  reads JSON as `portal.api.fastjson.JSONParser` does.
 - `StrictLimitOffsetPagination` answers 400 for a `limit`/`offset` that is not a whole number
   instead of silently ignoring it, and documents their ranges.
 """
@@ -12,15 +13,15 @@
 from __future__ import annotations
 
 import codecs
-import io
 from typing import Any
 
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.openapi import AutoSchema
-from rest_framework import pagination, parsers, serializers
+from rest_framework import pagination, serializers
 from rest_framework.exceptions import ParseError
 
+from portal.api.fastjson import JSONParser
 from portal.params import whole_number
 
 ERROR_SCHEMA: dict[str, Any] = {
@@ -165,16 +166,18 @@ class StrictLimitOffsetPagination(pagination.LimitOffsetPagination):
         return params
 
 
-class StrictJSONParser(parsers.JSONParser):
+class StrictJSONParser(JSONParser):
     """JSON whose strings PostgreSQL can store: an unpaired surrogate (`"\\ud800"`) is valid
     JSON syntax but not Unicode text, so it is a 400 here rather than an error deep in a write."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         raw = stream.read()
-        data = super().parse(io.BytesIO(raw), media_type, parser_context)
+        data, unicode_text = self.parse_bytes(raw, media_type, parser_context)
+        if unicode_text:
+            return data  # orjson read it, and it refuses unpaired surrogates
         encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
         # UTF-8 cannot encode a surrogate, so in UTF-8 one comes only from a \u escape: without
-        # one, the walk (a large share of parsing a heartbeat's telemetry) is skipped.
+        # one, the walk is skipped.
         if codecs.lookup(encoding).name == "utf-8" and b"\\u" not in raw:
             return data
         if _has_surrogate(data):

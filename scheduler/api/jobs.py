@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils import encoders
 
+from portal.api.fastjson import JSONRenderer
 from portal.api.idempotency import IdempotentPostMixin
 from portal.api.plainparse import UNRESOLVED, PlainParser
 from portal.api.schema import (
@@ -728,7 +729,7 @@ class JobViewSet(
         methods=["get"],
         url_path="manifest",
         url_name="manifest-export",
-        renderer_classes=[renderers.JSONRenderer, YamlRenderer],
+        renderer_classes=[JSONRenderer, YamlRenderer],
     )
     def manifest_export(self, request: Request, pk: str) -> Response:
         job = self.get_object()
