@@ -125,7 +125,17 @@ def prepared_statements(database: dict[str, Any]) -> None:
         database.setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
 
 
+def health_checked_backend(database: dict[str, Any]) -> None:
+    """PostgreSQL: the portal's backend (portal/db_backends/postgresql), whose health check at the
+    first query of each request looks at the connection's socket instead of running `SELECT 1`,
+    a round trip per request. Its name still ends in "postgresql", as checks like the one above
+    expect, and Django reports its vendor as "postgresql"."""
+    if database["ENGINE"] == "django.db.backends.postgresql":
+        database["ENGINE"] = "portal.db_backends.postgresql"
+
+
 prepared_statements(DATABASES["default"])
+health_checked_backend(DATABASES["default"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL", default="")

@@ -5,7 +5,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 from config.settings.base import *  # noqa: F403
-from config.settings.base import env, prepared_statements
+from config.settings.base import env, health_checked_backend, prepared_statements
 
 DEBUG = False
 # The embedded fallbacks (a file cache, a broker in local files) are for one machine: several
@@ -26,6 +26,7 @@ DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 prepared_statements(DATABASES["default"])
+health_checked_backend(DATABASES["default"])
 
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -69,7 +69,9 @@ def test_json_log_lines_carry_the_request_id():
     assert line["message"] == "cycle took 3s" and line["level"] == "WARNING"
 
 
-def _production(**env: str) -> subprocess.CompletedProcess[str]:
+def _production(
+    code: str = "import django; django.setup()", **env: str
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
     base.update(
         DJANGO_SETTINGS_MODULE="config.settings.production",
@@ -79,7 +81,7 @@ def _production(**env: str) -> subprocess.CompletedProcess[str]:
         **env,
     )
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup()"],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env=base,
         capture_output=True,
@@ -103,3 +105,16 @@ def test_production_refuses_a_redis_without_a_password():
 def test_production_starts_with_a_password_protected_redis():
     result = _production(REDIS_URL="redis://:s3cret@redis.internal:6379/0")
     assert result.returncode == 0, result.stderr
+
+
+def test_production_uses_the_portal_postgresql_backend():
+    """Its health check costs no round trip (portal/db_backends/postgresql), and its name still
+    ends in "postgresql" for the settings that check it (prepared statements)."""
+    result = _production(
+        "import django; django.setup(); from django.conf import settings; "
+        "d = settings.DATABASES['default']; print(d['ENGINE'], d['CONN_HEALTH_CHECKS'], "
+        "d['OPTIONS'].get('prepare_threshold'))",
+        REDIS_URL="redis://:s3cret@redis.internal:6379/0",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["portal.db_backends.postgresql", "True", "5"]
