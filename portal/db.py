@@ -523,3 +523,13 @@ class CompiledQuery(Generic[RowT]):
             for pos, (convs, expression) in compiler.get_converters(select).items()
         ]
         return sql, list(template), converters
+
+
+def database_round_trip() -> None:
+    """Ask the database server for an answer now (`/readyz`): `SELECT 1` on the default
+    connection, replaced first if the server ended it, as in any request. Connections' own
+    health checks make no round trip on PostgreSQL (portal/db_backends/postgresql)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        if cursor.fetchone() != (1,):
+            raise RuntimeError("the database did not answer SELECT 1 with 1")

@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 
 from django.core.cache import cache
-from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+
+from portal.db import database_round_trip
 
 
 @never_cache
@@ -26,10 +27,7 @@ def _database() -> None:
     # A round trip, asked for here: the connection's own health check (`is_usable`) no longer
     # makes one on PostgreSQL (portal/db_backends/postgresql), and readiness means the server
     # answers now. A connection the server has ended is replaced first, as in any request.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-        if cursor.fetchone() != (1,):
-            raise RuntimeError("the database did not answer SELECT 1 with 1")
+    database_round_trip()
 
 
 def _cache() -> None:
