@@ -63,6 +63,19 @@ def _agent_env(node: Node, token: str, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def node_label_set(node_id: int, key: str, value: str) -> dict[str, str]:
+    """Set one label on the node's current labels, under the row's lock, and return them all.
+
+    The agent just started may register at the same moment and rewrite the labels (its gang
+    capability), under the same lock (`node_register`): merging into labels read earlier
+    would undo its write, or it would undo this one."""
+    with transaction.atomic():
+        current = Node.objects.select_for_update().values_list("labels", flat=True).get(pk=node_id)
+        labels = {**(current or {}), key: value}
+        Node.objects.filter(pk=node_id).update(labels=labels)
+    return labels
+
+
 class AgentProcessProvider:
     """Starts the node agent as a local process (detached, its own session)."""
 
@@ -82,8 +95,7 @@ class AgentProcessProvider:
                 start_new_session=True,
                 cwd=settings.BASE_DIR,
             )
-        Node.objects.filter(pk=node.pk).update(labels={**node.labels, "agent_pid": str(proc.pid)})
-        node.labels = {**node.labels, "agent_pid": str(proc.pid)}
+        node.labels = node_label_set(node.pk, "agent_pid", str(proc.pid))
 
     def stop(self, node: Node) -> None:
         pid = node.labels.get("agent_pid")

@@ -343,3 +343,29 @@ def test_a_creeping_loss_stops_being_declared_once_most_of_the_pool_is_unhealthy
     assert set(Node.objects.filter(state=Node.State.LOST).values_list("name", flat=True)) == set(
         first
     )
+
+
+def test_a_provisioned_agents_pid_joins_the_labels_its_registration_wrote_meanwhile(fleet):
+    """Provisioning records the agent's pid after starting it; the agent may have registered
+    in between and written its gang capability. Neither write undoes the other."""
+    from scheduler.core.model import GANG_LABEL
+    from scheduler.provisioning import node_label_set
+
+    stale = Node.objects.get(name="h1")  # read before the agent registered
+    client = agent(fleet["tokens"]["h1"])
+    gpus = list(stale.gpus.order_by("index"))
+    body = {
+        "hostname": "h1",
+        "gang_members": False,
+        "gang_members_reason": "no fence",
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "name": "H100-80GB-SXM", "memory_mib": 81559}
+            for g in gpus
+        ],
+    }
+    assert client.post("/api/agent/v1/register", body, format="json").status_code == 200
+    assert GANG_LABEL not in stale.labels
+    labels = node_label_set(stale.pk, "agent_pid", "4242")
+    stored = Node.objects.get(pk=stale.pk).labels
+    assert stored == labels
+    assert stored["agent_pid"] == "4242" and stored[GANG_LABEL] == "no"
