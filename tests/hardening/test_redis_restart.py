@@ -4,6 +4,13 @@ The whole stack runs as processes against a throwaway Redis of its own: the port
 a Celery worker, beat, and an agent. Broker messages, locks and the live cache die with Redis;
 PostgreSQL is the source of truth, so after the restart beat's cycle picks up the queue again,
 running work finishes, and nothing is lost or run twice.
+
+The worker and beat run as the systemd units in deploy/ run them: restarted when they exit with a
+failure (`Restart=on-failure`). Celery's worker can die on a broker loss: when the connection
+drops while it is closing a channel, kombu's Redis transport fails with "Unrecoverable error:
+AttributeError: 'NoneType' object has no attribute 'hostname'" (in `_connparams`, restoring
+unacknowledged messages) and the worker exits 1 instead of reconnecting. Whether that happens
+is a matter of timing; the deployment's answer is the restart, and so is this test's.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -24,6 +32,48 @@ from tests.polling import wait_for
 from tests.stack_fixtures import ROOT, Agents, Web, wait_for_registration
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+
+class Supervised:
+    """A process started again whenever it exits with a failure, as `Restart=on-failure` with
+    systemd's default `RestartSec` (100 ms) does, until `stop()`."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path) -> None:
+        self.argv, self.env, self.log_path = argv, env, log_path
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self.proc = self._start()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as out:
+            return subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            code = self.proc.wait()
+            if self._stopping.is_set() or code == 0:
+                return
+            time.sleep(0.1)
+            self.restarts += 1
+            self.proc = self._start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._watcher.join(timeout=5)
 
 
 class Redis:
@@ -78,7 +128,7 @@ def test_redis_restart_while_jobs_are_queued_and_running(team, fleet, tmp_path):
     redis.start()
     env = {"REDIS_URL": redis.url, "SCHEDULER_CYCLE_SECONDS": "1", "TEST_RUN_ID": "redis-fault"}
     web = Web(tmp_path / "web.log", **env)
-    workers: list[subprocess.Popen[bytes]] = []
+    workers: list[Supervised] = []
     agents = Agents("", tmp_path)
     try:
         web.start()
@@ -87,17 +137,13 @@ def test_redis_restart_while_jobs_are_queued_and_running(team, fleet, tmp_path):
             ["worker", "-Q", "scheduler,default", "--pool", "threads", "-c", "2"],
             ["beat", "--schedule", str(tmp_path / "beat-schedule")],
         ):
-            with open(tmp_path / f"{args[0]}.log", "ab") as out:
-                workers.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "celery", "-A", "config", *args],
-                        cwd=ROOT,
-                        env=web.env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
+            workers.append(
+                Supervised(
+                    [sys.executable, "-m", "celery", "-A", "config", *args],
+                    web.env,
+                    tmp_path / f"{args[0]}.log",
                 )
+            )
         agents.start("h1", fleet["tokens"]["h1"], "2xH100-80GB-SXM")
         wait_for_registration(["h1"])
         api = APIClient()
@@ -135,12 +181,7 @@ def test_redis_restart_while_jobs_are_queued_and_running(team, fleet, tmp_path):
         assert_invariants()
     finally:
         agents.stop_all()
-        for proc in workers:
-            proc.terminate()
-        for proc in workers:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for supervised in workers:
+            supervised.stop()
         web.stop()
         redis.stop()
