@@ -9,6 +9,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def run_fresh(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh Python process (a web worker before any request), test settings."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 PROBE = """
 import django
 django.setup()
@@ -20,10 +34,7 @@ print(task_named("scheduler.cycle").name, task_named("billing.send_invoice_email
 
 
 def test_a_fresh_process_finds_tasks_by_name():
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    result = run_fresh(PROBE)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["scheduler.cycle", "billing.send_invoice_email"]
 
@@ -55,10 +66,7 @@ print(len(names), errors)
 def test_threads_of_a_fresh_worker_asking_at_once_all_find_the_task():
     # A web worker's threads that miss a name together: before the lock, all but the first
     # got NotRegistered while the first was still importing (a 500 on submit under load).
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
-    result = subprocess.run(
-        [sys.executable, "-c", RACE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    result = run_fresh(RACE)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "8 []"
 
@@ -84,15 +92,7 @@ print(ours == theirs, len(ours), "scheduler.job_notices" in ours)
 
 
 def test_tasks_import_registers_what_a_worker_does_without_running_the_system_checks():
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
-    result = subprocess.run(
-        [sys.executable, "-c", SAME_TASKS],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_fresh(SAME_TASKS)
     assert result.returncode == 0, result.stderr
     same, count, notices = result.stdout.split()
     assert (same, notices) == ("True", "True")
@@ -110,15 +110,7 @@ print("scheduler.job_notices" in current_app.tasks, "scheduler.cycle" in current
 def test_the_web_and_agent_entry_points_register_every_task_as_the_worker_boots():
     # The first request that queues a task no longer pays for importing them (or for a lost
     # race on the registry).
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
     for entry in ("config.wsgi", "config.wsgi_agent", "config.asgi"):
-        result = subprocess.run(
-            [sys.executable, "-c", BOOT, entry],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_fresh(BOOT, entry)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["True", "True"], entry
