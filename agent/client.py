@@ -103,7 +103,7 @@ def _detail(payload: bytes) -> str:
     return str(body)[:300]
 
 
-class _Connection:
+class PortalConnection:
     """One kept-alive HTTP(S) connection to the portal (through the environment's proxy, if
     one applies), opened on first use and again after the portal closes it."""
 
@@ -126,7 +126,8 @@ class _Connection:
         )
         self._conn: http.client.HTTPConnection | None = None
 
-    def _open(self) -> http.client.HTTPConnection:
+    def open(self) -> http.client.HTTPConnection:
+        """A new connection to the portal (or to the proxy, tunnelled for HTTPS), unopened."""
         if self.proxy is None:
             host, port = self.host, self.port
         else:
@@ -141,7 +142,9 @@ class _Connection:
             conn = http.client.HTTPConnection(host, port, timeout=self.timeout_s)
         return conn
 
-    def _target(self, path: str) -> str:
+    def target(self, path: str) -> str:
+        """The request target for `path`: under the portal's path prefix, or the full URL
+        through a plain-HTTP proxy."""
         if self.proxy is not None and not self.https:  # a plain-HTTP proxy takes the full URL
             return f"http://{self.host}:{self.port}{self.prefix}{path}"
         return self.prefix + path
@@ -164,9 +167,9 @@ class _Connection:
             conn = None
         reused = conn is not None
         if conn is None:
-            conn = self._conn = self._open()
+            conn = self._conn = self.open()
         try:
-            conn.request(method, self._target(path), body=body, headers=headers)
+            conn.request(method, self.target(path), body=body, headers=headers)
             response = conn.getresponse()
             payload = response.read()
         except http.client.RemoteDisconnected:
@@ -210,7 +213,7 @@ class PortalClient:
         self.backoff_max_s = backoff_max_s
         self.stop = stop
         self._rng = rng or random.Random()
-        self._connection = _Connection(portal_url, timeout_s=timeout_s, ca_bundle=ca_bundle)
+        self._connection = PortalConnection(portal_url, timeout_s=timeout_s, ca_bundle=ca_bundle)
         self._lock = threading.Lock()  # one request at a time on the one connection
         self._headers = {
             "Authorization": f"Bearer {token}",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from agent import __version__
-from agent.client import Backoff, _Connection
+from agent.client import Backoff, PortalConnection
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,9 @@ class Watch:
         ca_bundle: str | None = None,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        self._connection = _Connection(events_url, timeout_s=read_timeout_s, ca_bundle=ca_bundle)
+        self._connection = PortalConnection(
+            events_url, timeout_s=read_timeout_s, ca_bundle=ca_bundle
+        )
         self._headers = {
             "Authorization": f"Bearer {token}",
             "Accept": "text/event-stream",
@@ -111,12 +113,12 @@ class Watch:
 
     def _stream(self, stop: threading.Event) -> tuple[int, str]:
         """Read one stream until it ends: (its HTTP status, its Retry-After)."""
-        conn = self._connection._open()
+        conn = self._connection.open()
         with self._lock:
             self._conn = conn
         if stop.is_set():
             return 0, ""
-        conn.request("GET", self._connection._target(WATCH_PATH), headers=self._headers)
+        conn.request("GET", self._connection.target(WATCH_PATH), headers=self._headers)
         response = conn.getresponse()
         if response.status != 200:
             response.read()
