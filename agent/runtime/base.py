@@ -78,20 +78,13 @@ class JobUids:
         raise LaunchError(f"all {self.size:,} job uids are held by running attempts")
 
     def release(self, uid: int | None) -> None:
+        """An attempt that ran as `uid` is over (None: it never switched uid)."""
+        if uid is None:
+            return
         with self._lock:
-            holder = self._holders.get(uid) if uid is not None else None
-            if holder is None:
-                return
-            job_id, count = holder
+            job_id, count = self._holders.pop(uid, (0, 0))
             if count > 1:
-                self._holders[uid] = (job_id, count - 1)  # type: ignore[index]
-            else:
-                del self._holders[uid]  # type: ignore[arg-type]
-
-    def held(self) -> dict[int, int]:
-        """uid -> the job holding it."""
-        with self._lock:
-            return {uid: job for uid, (job, _) in self._holders.items()}
+                self._holders[uid] = (job_id, count - 1)
 
 
 class LaunchError(Exception):

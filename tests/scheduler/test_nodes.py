@@ -345,12 +345,16 @@ def test_a_creeping_loss_stops_being_declared_once_most_of_the_pool_is_unhealthy
     )
 
 
-def test_a_provisioned_agents_pid_joins_the_labels_its_registration_wrote_meanwhile(fleet):
+def test_a_provisioned_agents_pid_joins_the_labels_its_registration_wrote_meanwhile(
+    fleet, settings, tmp_path
+):
     """Provisioning records the agent's pid after starting it; the agent may have registered
     in between and written its gang capability. Neither write undoes the other."""
     from scheduler.core.model import GANG_LABEL
-    from scheduler.provisioning import node_label_set
+    from scheduler.provisioning import AgentProcessProvider
 
+    settings.PROVISIONING_SPAWN_AGENTS = True
+    settings.BASE_DIR = tmp_path  # its log goes here; `-m agent` finds no agent here and exits
     stale = Node.objects.get(name="h1")  # read before the agent registered
     client = agent(fleet["tokens"]["h1"])
     gpus = list(stale.gpus.order_by("index"))
@@ -365,7 +369,7 @@ def test_a_provisioned_agents_pid_joins_the_labels_its_registration_wrote_meanwh
     }
     assert client.post("/api/agent/v1/register", body, format="json").status_code == 200
     assert GANG_LABEL not in stale.labels
-    labels = node_label_set(stale.pk, "agent_pid", "4242")
+    AgentProcessProvider()._spawn(stale, "token", {})
     stored = Node.objects.get(pk=stale.pk).labels
-    assert stored == labels
-    assert stored["agent_pid"] == "4242" and stored[GANG_LABEL] == "no"
+    assert stored == stale.labels  # the instance is told what was stored
+    assert stored["agent_pid"].isdigit() and stored[GANG_LABEL] == "no"
