@@ -205,6 +205,8 @@ class JobRequest:
       to max when GPUs are idle.
     - ``preempted_by``: jobs that recently preempted this one; it is never placed by
       preempting them (no preemption loops).
+    - ``node``: the one node the job may run on (its node-local volume or checkpoint lives
+      there), with ``node_why`` saying so in the pending reason ("its volume 'ckpt' is there").
     """
 
     job_id: int
@@ -228,6 +230,8 @@ class JobRequest:
     pool: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=_empty_str_map)
     preempted_by: frozenset[int] = frozenset()
+    node: str | None = None
+    node_why: str = ""
 
     @property
     def is_fraction(self) -> bool:

@@ -120,18 +120,24 @@ def describe_request(job: JobRequest) -> str:
     models = sorted(job.models)
     kind = " or ".join(models) if models else ""
     if job.total_gpus <= 0:
-        return "CPU and memory"
+        return "CPU and memory" + _on_node(job)
     if job.is_fraction:
         s = f"{job.gpu_milli} milli-GPU ({job.gpu_milli / 10:g}% of a GPU"
-        return s + (f", {kind})" if kind else ")")
+        return s + (f", {kind})" if kind else ")") + _on_node(job)
     n = job.total_gpus
     if job.nodes is not None and job.gpus_per_node is not None:
         layout = f" ({job.nodes} nodes × {job.gpus_per_node})"
     else:
         layout = ""
-    if kind:
-        return f"{n} × {kind}{layout}"
-    return f"{n} GPU{'s' if n != 1 else ''}{layout}"
+    what = f"{n} × {kind}{layout}" if kind else f"{n} GPU{'s' if n != 1 else ''}{layout}"
+    return what + _on_node(job)
+
+
+def _on_node(job: JobRequest) -> str:
+    """' on node-3 (its volume 'ckpt' is there)' for a job pinned to one node, else ''."""
+    if job.node is None:
+        return ""
+    return f" on node {job.node}" + (f" ({job.node_why})" if job.node_why else "")
 
 
 def _validate(job: JobRequest) -> str | None:
@@ -333,6 +339,7 @@ class _Planner:
             job.elastic_min,
             job.pool,
             tuple(sorted(job.node_selector.items())),
+            job.node,
             models.tobytes(),
             borrowed,
             unblocked,

@@ -415,3 +415,34 @@ def test_a_drain_makes_jobs_wait_for_their_nodes(
     assert p.pending[1].reason is reason
     assert says in p.pending[1].message
     assert reason.can_start_later == (reason is PendingReason.NODES_UNAVAILABLE)
+
+
+# A job whose node-local volume (or checkpoint) lives on one node runs there or waits for it.
+WHY = "its volume 'ckpt' is on that node"
+
+
+def test_a_pinned_job_lands_on_its_node_only() -> None:
+    snap = snapshot([node(1, 8, used=[1000] * 6), node(2, 8)])
+    p = plan(snap, [job(1, gpus=2, node="n1", node_why=WHY)], GREEDY, NOW)
+    assert {s.node_id for s in gpus_of(p, 1)} == {1}
+
+
+def test_a_pinned_job_waits_for_its_node_and_says_why() -> None:
+    snap = snapshot([node(1, 8, used=[1000] * 8), node(2, 8)])
+    p = plan(snap, [job(1, gpus=1, node="n1", node_why=WHY)], GREEDY, NOW)
+    assert not p.placements
+    assert p.pending[1].reason is PendingReason.NO_CAPACITY
+    assert "on node n1 (its volume 'ckpt' is on that node)" in p.pending[1].message
+
+
+def test_a_pinned_job_whose_node_is_out_of_service_waits_for_it() -> None:
+    down = dataclasses.replace(node(1, 8), schedulable=False, unavailable="draining")
+    p = plan(snapshot([down, node(2, 8)]), [job(1, node="n1", node_why=WHY)], GREEDY, NOW)
+    assert p.pending[1].reason is PendingReason.NODES_UNAVAILABLE
+    assert "n1 draining" in p.pending[1].message and WHY in p.pending[1].message
+
+
+def test_a_job_pinned_to_a_node_that_is_gone_says_so() -> None:
+    p = plan(snapshot([node(2, 8)]), [job(1, node="n1", node_why=WHY)], GREEDY, NOW)
+    assert p.pending[1].reason is PendingReason.NODE_CONSTRAINTS
+    assert "must run on node n1" in p.pending[1].message and WHY in p.pending[1].message

@@ -40,6 +40,7 @@ class RequestMasks:
         key = (
             job.pool,
             tuple(sorted(job.node_selector.items())),
+            job.node,
             job.models,
             job.min_gpu_memory_mib,
             job.precisions,
@@ -77,6 +78,8 @@ class RequestMasks:
             ok &= np.array(
                 [all(lb.get(k) == v for k, v in sel.items()) for lb in st.labels], dtype=bool
             )
+        if job.node is not None:
+            ok &= np.array([name == job.node for name in st.names], dtype=bool)
         if gangs and job.nodes is not None and job.nodes > 1:
             ok &= self.gang_ok()  # single-node jobs run on any node
         return ok
@@ -118,7 +121,8 @@ class RequestMasks:
             for i in np.flatnonzero(fitting if fitting.any() else out)
         ]
         more = f" and {len(named) - 5} more" if len(named) > 5 else ""
-        return PendingReason.NODES_UNAVAILABLE, ", ".join(named[:5]) + more
+        pin = f"; {job.node_why}" if job.node is not None and job.node_why else ""
+        return PendingReason.NODES_UNAVAILABLE, ", ".join(named[:5]) + more + pin
 
     def _gang_check(self, job: JobRequest, model_ok: BoolArray) -> tuple[PendingReason, str] | None:
         """A multi-node gang that would fit if the nodes whose agents cannot run gang members
@@ -144,6 +148,11 @@ class RequestMasks:
         st = self.ctx.st
         if not node_ok.any():
             where = f"pool {job.pool!r}" if job.pool else "any pool"
+            if job.node is not None:
+                return PendingReason.NODE_CONSTRAINTS, (
+                    f"it must run on node {job.node} ({job.node_why or 'pinned'}), "
+                    f"which is not a schedulable node in {where}"
+                )
             sel = ", ".join(f"{k}={v}" for k, v in sorted(job.node_selector.items()))
             return PendingReason.NODE_CONSTRAINTS, f"no schedulable node in {where}" + (
                 f" with labels {sel}" if sel else ""
