@@ -31,9 +31,13 @@ import shutil
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.runtime.base import Assignment, JobUids, Launch, Runtime, kill_uid, prepare_dir
+from agent.runtime.base import Assignment, JobUids, Launch, Runtime, kill_uid
 from agent.runtime.mps import MpsControl
+
+if TYPE_CHECKING:
+    from agent.storage import Plan
 
 log = logging.getLogger(__name__)
 
@@ -134,18 +138,19 @@ class ProcessRuntime(Runtime):
             return "process (jobs run as the agent's uid)"
         return f"process (jobs run as uid {self.uid_base}+)"
 
-    def launch(
-        self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
-    ) -> Launch:
+    def launch(self, a: Assignment, *, plan: Plan, env: dict[str, str]) -> Launch:
         uid = self.uids.acquire(a.job_id) if self.uids is not None else None
         try:
-            prepare_dir(cwd, uid, uid_base=self.uid_base)
-            if checkpoint is not None:
-                prepare_dir(checkpoint, uid, uid_base=self.uid_base)
+            plan.prepare(uid, uid_base=self.uid_base)
         except BaseException:
             if self.uids is not None:
                 self.uids.release(uid)
             raise
+        cwd = plan.workspace
+        # No mount namespace: the job reaches its volumes at their host paths (VOLUME_<NAME>,
+        # CHECKPOINT_DIR), always in its workspace, and read-only is not enforced here.
+        env = {**env, **plan.env(in_container=False)}
+        gid = plan.project_gid if uid is not None else None
         if self.mps is not None and a.gpu_uuids and a.share_milli < 1000:
             self.mps.limit(a.gpu_uuids, a.share_milli, a.gpu_memory_limit_mib)
         if uid is not None:
@@ -156,7 +161,15 @@ class ProcessRuntime(Runtime):
         else:
             # The shell exports PWD (its physical cwd) to what it runs; the program gets the same.
             env = {**env, "PWD": os.path.realpath(cwd)}
-        return Launch(argv=argv, env=env, cwd=cwd, user=uid, group=uid)
+        return Launch(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            user=uid,
+            group=uid,
+            groups=(gid,) if gid is not None else (),
+            owner=uid,
+        )
 
     def cleanup(self, launch: Launch) -> None:
         if self.uids is not None:
