@@ -47,11 +47,12 @@ def read_output(path: str, *, after: int = 0) -> tuple[str, int]:
         return "", after
     finally:
         os.close(dir_fd)
-    with os.fdopen(fd, "rb") as fh:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return "", after
-        fh.seek(after)
-        data = fh.read(CHUNK)
+        data = os.pread(fd, CHUNK, after)
+    finally:
+        os.close(fd)
     # stop at the last whole line so that a UTF-8 character is never cut in two
     cut = data.rfind(b"\n") + 1 if len(data) == CHUNK else len(data)
     return data[:cut].decode("utf-8", errors="replace"), after + cut
