@@ -48,7 +48,8 @@ def open_beneath(dir_fd: int, relative: str) -> int:
             try:
                 nxt = os.open(_component(name), DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
-                raise UnsafePath(exc.errno, f"{relative}: {name!r} is {_what(exc)}") from exc
+                what = _what(exc, fd, name)
+                raise UnsafePath(exc.errno, f"{relative}: {name!r} is {what}") from exc
             os.close(fd)
             fd = nxt
     except BaseException:
@@ -57,7 +58,11 @@ def open_beneath(dir_fd: int, relative: str) -> int:
     return fd
 
 
-def _what(exc: OSError) -> str:
+def _what(exc: OSError, dir_fd: int, name: str) -> str:
+    """Why `name` could not be opened as a directory, in words."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            return "a symlink"
     if exc.errno == errno.ELOOP:
         return "a symlink"
     if exc.errno == errno.ENOTDIR:
@@ -89,7 +94,7 @@ def make_dir(
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        raise UnsafePath(exc.errno, f"{name!r} is {_what(exc)}") from exc
+        raise UnsafePath(exc.errno, f"{name!r} is {_what(exc, dir_fd, name)}") from exc
     if created:
         try:
             if uid is not None or gid is not None:

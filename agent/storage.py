@@ -112,7 +112,8 @@ class Volume:
 
     @property
     def limit_text(self) -> str:
-        return f"{self.limit_mib / 1024:g} GiB"
+        gib, mib = divmod(self.limit_mib, 1024)
+        return f"{gib} GiB" if not mib else f"{self.limit_mib} MiB"
 
 
 @dataclass(frozen=True)
