@@ -31,7 +31,6 @@ from typing import Any
 from agent import hostfs
 from agent.protocol import DEFAULT_WORKING_DIR as WORKSPACE
 from agent.protocol import STOP_FILE
-from agent.runtime.base import JOB_UID_RANGE
 
 VOLUME_KINDS = ("scratch", "node_local", "shared")
 DEFAULT_PROJECT_GID_BASE = 300_000  # above the job uids (200000 + 60000)
@@ -178,9 +177,10 @@ class Plan:
             out["CHECKPOINT_DIR"] = str(where)
         return out
 
-    def prepare(self, uid: int | None, *, uid_base: int | None = None) -> None:
-        """Create the workspace, the volumes and the checkpoint directory on the host."""
-        self.storage.prepare(self, uid, uid_base=uid_base)
+    def prepare(self, uid: int | None, *, job_uids: range | None = None) -> None:
+        """Create the workspace, the volumes and the checkpoint directory on the host
+        (`job_uids`: the node's job uids, whose workspaces may be handed over to `uid`)."""
+        self.storage.prepare(self, uid, job_uids=job_uids)
         self.prepared = True
 
 
@@ -274,10 +274,10 @@ class Storage:
         plan.checkpoint = found[0]
         plan.checkpoint_path = inside_path(raw.get("path"), "checkpoint path")
 
-    def prepare(self, plan: Plan, uid: int | None, *, uid_base: int | None) -> None:
+    def prepare(self, plan: Plan, uid: int | None, *, job_uids: range | None) -> None:
         gid = plan.project_gid
         try:
-            self._workspace(plan.job_id, uid, uid_base)
+            self._workspace(plan.job_id, uid, job_uids)
             for m in plan.mounts:
                 self._volume_dir(plan.job_id, m, uid, gid)
             if plan.checkpoint is not None:
@@ -290,7 +290,7 @@ class Storage:
         except hostfs.UnsafePath as exc:
             raise StorageError(f"the job's storage cannot be set up: {exc.strerror}") from exc
 
-    def _workspace(self, job_id: int, uid: int | None, uid_base: int | None) -> None:
+    def _workspace(self, job_id: int, uid: int | None, job_uids: range | None) -> None:
         with hostfs.opened(self._open("jobs")) as jobs:
             fd, created = hostfs.make_dir(jobs, str(job_id), mode=0o700, uid=uid, gid=uid)
             with hostfs.opened(fd):
@@ -299,7 +299,7 @@ class Storage:
                     return
                 # Only the agent creates entries in jobs/: this is the job's own workspace from
                 # an earlier attempt, under the uid that attempt ran as.
-                if uid_base is None or not uid_base <= owner < uid_base + JOB_UID_RANGE:
+                if job_uids is None or owner not in job_uids:
                     raise StorageError(f"the workspace of job {job_id} is not the job's")
                 hostfs.reown_tree(fd, owner, uid)
                 os.fchown(fd, uid, uid)

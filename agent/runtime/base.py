@@ -47,6 +47,11 @@ DEFAULT_JOB_UID_BASE = 200_000
 JOB_UID_RANGE = 60_000
 
 
+def job_uid_range(base: int | None) -> range | None:
+    """Every uid a job may run as on the node (None: jobs do not switch uids)."""
+    return None if base is None else range(base, base + JOB_UID_RANGE)
+
+
 def job_uid(job_id: int, base: int = DEFAULT_JOB_UID_BASE) -> int:
     """The uid a job runs as when no other job on the node holds it."""
     return base + job_id % JOB_UID_RANGE

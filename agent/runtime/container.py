@@ -66,6 +66,7 @@ from agent.runtime.base import (
     LaunchError,
     Outcome,
     Runtime,
+    job_uid_range,
 )
 from agent.runtime.jobnet import JobNetwork
 from agent.runtime.mps import MpsControl
@@ -312,7 +313,7 @@ class ContainerRuntime(Runtime):
         plan: Plan,
         env: dict[str, str],
     ) -> Launch:
-        plan.prepare(uid, uid_base=self.uid_base)
+        plan.prepare(uid, job_uids=job_uid_range(self.uid_base))
         cwd = plan.workspace
         member = env.get("NODE_RANK", "") if network == "--network=host" else ""
         name = self.container_name(a.job_id, a.attempt, member if member.isdigit() else "")

@@ -4,9 +4,13 @@ Chosen only explicitly (`AGENT_RUNTIME=process`). What fences the job here:
 
 - its environment is the runner's allow-list (nothing of the agent's);
 - when the agent runs as root, the job runs as a uid of its own (`JobUids`), with no
-  supplementary groups and umask 077: it cannot read the agent's token file or state file
-  (0600, the agent's), `/proc/<agent>/environ` or memory, another job's directories (0700, that
-  job's uid), nor signal the agent (another uid);
+  supplementary group but its project's (for its volumes) and umask 077 (007 with volumes): it
+  cannot read the agent's token file or state file (0600, the agent's), `/proc/<agent>/environ`
+  or memory, another job's workspace (0700, that job's uid), another project's volumes
+  (root:project gid 2770), nor signal the agent (another uid);
+- its volumes are at their host paths (`VOLUME_<NAME>`, `CHECKPOINT_DIR`): there is no mount
+  namespace, so read-only is not enforced and the job starts in its workspace whatever its
+  `working_dir` (docs/storage-node.md);
 - every process of that uid is killed when the attempt ends, so a `setsid` child that left the
   process group does not outlive the job.
 
@@ -33,7 +37,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.runtime.base import Assignment, JobUids, Launch, Runtime, kill_uid
+from agent.runtime.base import (
+    Assignment,
+    JobUids,
+    Launch,
+    Runtime,
+    job_uid_range,
+    kill_uid,
+)
 from agent.runtime.mps import MpsControl
 
 if TYPE_CHECKING:
@@ -141,7 +152,7 @@ class ProcessRuntime(Runtime):
     def launch(self, a: Assignment, *, plan: Plan, env: dict[str, str]) -> Launch:
         uid = self.uids.acquire(a.job_id) if self.uids is not None else None
         try:
-            plan.prepare(uid, uid_base=self.uid_base)
+            plan.prepare(uid, job_uids=job_uid_range(self.uid_base))
         except BaseException:
             if self.uids is not None:
                 self.uids.release(uid)

@@ -25,8 +25,8 @@ from agent.config import Config
 from agent.runner import Assignment, Runner, agent_source_root
 from agent.runtime import ContainerRuntime, LaunchError, ProcessRuntime, job_uid, jobnet
 from agent.runtime.base import JOB_UID_RANGE, JobUids
-from agent.storage import Storage, StorageError
 from agent.runtime.mps import MpsControl, MpsError
+from agent.storage import Storage, StorageError
 from tests import polling
 
 IMAGE = os.environ.get("RUNTIME_TEST_IMAGE", "")
@@ -209,7 +209,7 @@ def test_a_job_dir_left_under_another_job_uid_is_handed_over_but_nothing_linked_
     os.link(outside, folder / "link")  # a hard link to a file the job does not own
     (folder / "sym").symlink_to(outside)
     os.lchown(folder / "sym", base + 5, base + 5)
-    storage.plan(assignment(5)).prepare(base + 6, uid_base=base)
+    storage.plan(assignment(5)).prepare(base + 6, job_uids=range(base, base + JOB_UID_RANGE))
     assert folder.stat().st_uid == base + 6
     assert (folder / "sub").stat().st_uid == base + 6
     assert (folder / "sub" / "model.pt").stat().st_uid == base + 6
@@ -220,7 +220,7 @@ def test_a_job_dir_left_under_another_job_uid_is_handed_over_but_nothing_linked_
     plain.mkdir()
     (plain / "f").write_text("x")
     with pytest.raises(StorageError, match="is not the job's"):
-        storage.plan(assignment(6)).prepare(base + 6, uid_base=base)
+        storage.plan(assignment(6)).prepare(base + 6, job_uids=range(base, base + JOB_UID_RANGE))
     assert plain.stat().st_uid == 0 and (plain / "f").stat().st_uid == 0
 
 
