@@ -72,6 +72,7 @@ class Config:
     shared_root: str = ""
     project_gid_base: int = 300_000
     quota_interval_s: float = 15.0
+    volume_images: bool = True  # limits as loop-mounted images where the host allows
 
     DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
     DEFAULT_POLL_INTERVAL_S = 2.0
@@ -136,6 +137,7 @@ class Config:
             shared_root=str(Path(args.shared_root).resolve()) if args.shared_root else "",
             project_gid_base=args.project_gid_base,
             quota_interval_s=args.quota_interval,
+            volume_images=args.volume_images,
         )
 
 
@@ -315,5 +317,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=float(env.get("AGENT_QUOTA_INTERVAL") or 15.0),
         help="seconds between measurements of the volumes' usage against their limits "
         "(env AGENT_QUOTA_INTERVAL)",
+    )
+    p.add_argument(
+        "--no-volume-images",
+        dest="volume_images",
+        action="store_false",
+        default=env.get("AGENT_VOLUME_IMAGES", "1").strip().lower() in TRUE_WORDS,
+        help="measure node-local and scratch volumes' usage instead of giving each one a "
+        "loop-mounted filesystem image of its size (env AGENT_VOLUME_IMAGES=0)",
     )
     return p

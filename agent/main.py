@@ -171,6 +171,7 @@ class Agent:
             shared_root=config.shared_root or None,
             project_gid_base=config.project_gid_base,
             quota_interval_s=config.quota_interval_s,
+            volume_images=config.volume_images,
         )
         self.node: str | None = None
         self._gpu_uuids: set[str] = set()

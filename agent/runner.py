@@ -423,6 +423,7 @@ class Runner:
         shared_root: str | Path | None = None,
         project_gid_base: int = DEFAULT_PROJECT_GID_BASE,
         quota_interval_s: float = 15.0,
+        volume_images: bool = True,
     ) -> None:
         self.workdir = Path(workdir)
         self.runtime = runtime or ProcessRuntime(shell=shell)
@@ -431,6 +432,7 @@ class Runner:
             self.workdir,
             shared_root=Path(shared_root) if shared_root else None,
             project_gid_base=project_gid_base,
+            images=volume_images,
         )
         self.storage.ensure_layout()
         if hasattr(self.runtime, "state_dir"):

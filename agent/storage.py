@@ -21,6 +21,7 @@ fails to start with that message.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import hostfs
+from agent import hostfs, loopfs
 from agent.protocol import DEFAULT_WORKING_DIR as WORKSPACE
 from agent.protocol import STOP_FILE
 
@@ -38,6 +39,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}\Z")
 _PART = re.compile(r"[A-Za-z0-9._@+=-]+\Z")
 # Container paths a volume may not cover (the engine's own, and the job's workspace).
 _RESERVED = ("/proc", "/sys", "/dev", WORKSPACE, "/opt/gpucloud")
+log = logging.getLogger(__name__)
 _OVER_LIMIT = 1.10  # a volume measured over 110% of its limit stops the jobs writing to it
 
 
@@ -193,11 +195,17 @@ class Storage:
         *,
         shared_root: Path | None = None,
         project_gid_base: int = DEFAULT_PROJECT_GID_BASE,
+        images: bool = True,
     ) -> None:
         self.workdir = workdir
         self.shared_root = shared_root
         self.project_gid_base = project_gid_base
         self.root = os.geteuid() == 0
+        # node-local and scratch limits as loop-mounted images where the host allows
+        why_not = loopfs.available() if images else "turned off"
+        self.images = why_not is None
+        if images and why_not is not None:
+            log.info("volume limits are measured, not enforced by images: %s", why_not)
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -209,7 +217,8 @@ class Storage:
             os.fchmod(top, (os.fstat(top).st_mode & 0o7777 & ~0o022) | 0o011)
             for name in ("jobs", "scratch", "volumes"):
                 os.close(hostfs.own_dir(top, name, mode=0o711))
-            os.close(hostfs.own_dir(top, "run", mode=0o700))
+            for name in ("run", "images"):
+                os.close(hostfs.own_dir(top, name, mode=0o700))
 
     def _open(self, below: str, base: Path | None = None) -> int:
         with hostfs.opened(hostfs.open_dir(base or self.workdir)) as top:
@@ -311,11 +320,25 @@ class Storage:
             with hostfs.opened(self._open("scratch")) as scratch:
                 fd, _ = hostfs.make_dir(scratch, str(job_id), mode=0o711)
                 with hostfs.opened(fd):
-                    os.close(hostfs.make_dir(fd, m.volume.name, mode=mode, uid=owner, gid=group)[0])
-            return
-        parent, name = m.below.rsplit("/", 1) if "/" in m.below else ("", m.below)
-        with hostfs.opened(self._open(parent, m.base)) as fd:
-            os.close(hostfs.make_dir(fd, name, mode=mode, uid=owner, gid=group)[0])
+                    vol, _ = hostfs.make_dir(fd, m.volume.name, mode=mode, uid=owner, gid=group)
+        else:
+            parent, name = m.below.rsplit("/", 1) if "/" in m.below else ("", m.below)
+            with hostfs.opened(self._open(parent, m.base)) as fd:
+                vol, _ = hostfs.make_dir(fd, name, mode=mode, uid=owner, gid=group)
+        with hostfs.opened(vol):
+            empty = not os.listdir(vol)
+        image = self._image(job_id, m)
+        if image is not None and empty and not loopfs.mounted(m.host):
+            # a new (or not yet mounted) volume: its limit enforced by the kernel
+            loopfs.mount(image, m.host, m.volume.limit_mib, gid=gid)
+
+    def _image(self, job_id: int, m: Mount) -> Path | None:
+        """The image file of a volume whose limit an image enforces (None: measured)."""
+        v = m.volume
+        if not self.images or v.kind == "shared" or v.limit_mib < loopfs.MIN_MIB:
+            return None
+        name = f"v{v.id}.img" if v.kind == "node_local" else f"s{job_id}-{v.name}.img"
+        return self.workdir / "images" / name
 
     @staticmethod
     def _make_path(fd: int, relative: str, uid: int | None, gid: int | None) -> int:
@@ -368,12 +391,27 @@ class Storage:
     def remove_workspace(self, job_id: int) -> bool:
         return self._remove("jobs", str(job_id))
 
+    def _drop_images(self, prefix: str) -> None:
+        with contextlib.suppress(OSError), hostfs.opened(self._open("images")) as images:
+            for name in os.listdir(images):
+                if name.startswith(prefix) and name.endswith(".img"):
+                    hostfs.unlink(images, name)
+
     def remove_scratch(self, job_id: int) -> bool:
-        return self._remove("scratch", str(job_id))
+        top = self.workdir / "scratch" / str(int(job_id))
+        with contextlib.suppress(OSError):
+            for name in os.listdir(top):
+                loopfs.unmount(top / name)
+        removed = self._remove("scratch", str(int(job_id)))
+        self._drop_images(f"s{int(job_id)}-")
+        return removed
 
     def remove_volume(self, volume_id: int) -> bool:
         """A node-local volume the portal deleted."""
-        return self._remove("volumes", f"v{int(volume_id)}")
+        loopfs.unmount(self.workdir / "volumes" / f"v{int(volume_id)}")
+        removed = self._remove("volumes", f"v{int(volume_id)}")
+        self._drop_images(f"v{int(volume_id)}.img")
+        return removed
 
     def sweep(self, keep_jobs: set[int]) -> list[str]:
         """After a crash: remove workspaces and scratch no attempt here owns, and env files
@@ -384,7 +422,11 @@ class Storage:
                 for name in sorted(os.listdir(self.workdir / parent)):
                     if name.isdigit() and int(name) in keep_jobs:
                         continue
-                    if self._remove(parent, name):
+                    if parent == "scratch" and name.isdigit():
+                        gone = self.remove_scratch(int(name))
+                    else:
+                        gone = self._remove(parent, name)
+                    if gone:
                         removed.append(f"{parent}/{name}")
         with contextlib.suppress(OSError), hostfs.opened(self._open("run")) as run:
             for name in os.listdir(run):

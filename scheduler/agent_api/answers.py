@@ -35,7 +35,8 @@ class VolumeMount(serializers.Serializer):  # type: ignore[type-arg]
     name = serializers.CharField()
     kind = serializers.ChoiceField(choices=list(VOLUME_KINDS))
     mount_path = serializers.CharField(help_text="Absolute path in the container.")
-    read_only = serializers.BooleanField()
+    # the wire's name; DRF takes declared fields off the class, so Field.read_only stays a bool
+    read_only = serializers.BooleanField()  # type: ignore[assignment]
     limit_mib = serializers.IntegerField(help_text="Size limit; 0: none.")
 
 

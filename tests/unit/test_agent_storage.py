@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agent import hostfs
+from agent import hostfs, loopfs
 from agent.protocol import EXIT_REASONS, FAILURE_TEXT, STOP_FILE
 from agent.runner import Assignment, Runner, agent_source_root
 from agent.runtime import ContainerRuntime, ProcessRuntime, job_uid
@@ -556,3 +556,63 @@ def test_the_process_runtime_path_is_honest_about_read_only(runner: Runner) -> N
     runner.start(assignment(161, 'echo "$VOLUME_RO"', **ro))
     wait_for(lambda: 161 in exits(runner), runner)
     assert output(runner, 161).strip() == str(runner.workdir / "volumes" / "v160")
+
+
+# -- limits the kernel enforces: a loop-mounted image per volume ------------------------------------
+
+needs_loop = pytest.mark.skipif(
+    loopfs.available() is not None, reason=f"no volume images here: {loopfs.available()}"
+)
+
+
+@needs_loop
+def test_a_node_local_volume_with_a_limit_is_an_image_the_kernel_holds_to_it(
+    runner: Runner,
+) -> None:
+    volume = runner.workdir / "volumes" / "v170"
+    limited = {"project_id": 5, "volumes": [node_local(170, limit_mib=16)]}
+    try:
+        runner.start(
+            assignment(
+                171,
+                'head -c 40000000 /dev/zero > "$VOLUME_DATA/blob" || echo REFUSED; '
+                'echo "size=$(stat -c %s "$VOLUME_DATA/blob")"',
+                **limited,
+            )
+        )
+        wait_for(lambda: 171 in exits(runner), runner, timeout=30)
+        assert os.path.ismount(volume)
+        text = output(runner, 171)
+        assert "No space left on device" in text and "REFUSED" in text
+        (size,) = [line[5:] for line in text.splitlines() if line.startswith("size=")]
+        assert 0 < int(size) <= 16 * 1024 * 1024
+        st = volume.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, GID_BASE + 5, 0o2770)
+        assert not (volume / "lost+found").exists()
+        # deleted in the portal: unmounted, its files and its image gone
+        assert runner.remove_volumes([170]) == [170]
+        assert not volume.exists()
+        assert not (runner.workdir / "images" / "v170.img").exists()
+    finally:
+        loopfs.unmount(volume)
+
+
+@needs_loop
+def test_a_scratch_image_goes_with_its_attempt(runner: Runner) -> None:
+    scratch = {
+        "project_id": 5,
+        "volumes": [
+            {"id": 0, "name": "tmp", "kind": "scratch", "mount_path": "/s", "limit_mib": 16}
+        ],
+    }
+    mountpoint = runner.workdir / "scratch" / "181" / "tmp"
+    try:
+        runner.start(assignment(181, 'echo x > "$VOLUME_TMP/f"; sleep 30', **scratch))
+        wait_for(lambda: (mountpoint / "f").exists(), runner)
+        assert os.path.ismount(mountpoint)
+        runner.stop((181, 1), "cancelled", "cancel", grace_s=0)
+        wait_for(lambda: 181 in exits(runner), runner)
+        assert not os.path.ismount(mountpoint) and not mountpoint.parent.exists()
+        assert not list((runner.workdir / "images").iterdir())
+    finally:
+        loopfs.unmount(mountpoint)
