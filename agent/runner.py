@@ -30,7 +30,7 @@ from typing import Any
 
 from agent import protocol
 from agent.runtime import Launch, LaunchError, ProcessRuntime, Runtime
-from agent.storage import DEFAULT_PROJECT_GID_BASE, Plan, Storage, StorageError
+from agent.storage import DEFAULT_PROJECT_GID_BASE, Mount, Plan, Storage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -439,6 +439,9 @@ class Runner:
             self.runtime.state_dir = self.workdir / "run"
         self.quota_interval_s = quota_interval_s
         self._next_quota_check = 0.0
+        self._meter: threading.Thread | None = None  # measures volumes (check_quotas)
+        self._usage: dict[str, int] = {}  # its last results, by volume
+        self._usage_lock = threading.Lock()
         # job id -> when its last attempt here ended (stopped, so it may come back): its
         # workspace stays while the portal still assigns the job here (`release_workspaces`)
         self._parked: dict[int, float] = {}
@@ -901,35 +904,52 @@ class Runner:
             log.warning("removed %d leftover job director(ies): %s", len(removed), removed[:10])
         return removed
 
-    def check_quotas(self) -> list[tuple[int, int]]:
-        """Measure every volume a running attempt writes to (each once); stop the attempts
-        writing to one measured over 110% of its limit. The attempts stopped."""
-        writers: dict[str, list[Job]] = {}
-        mounts = {}
+    def _writers(self) -> dict[str, tuple[Mount, list[Job]]]:
+        """The volumes with a limit that running attempts write to, and those attempts."""
+        writers: dict[str, tuple[Mount, list[Job]]] = {}
         for job in self.alive_jobs():
             if job.plan is None or not job.plan.prepared or job.stop_reason is not None:
                 continue
             for m in job.plan.mounts:
                 if not m.volume.read_only and m.volume.limit_mib > 0:
-                    writers.setdefault(m.key, []).append(job)
-                    mounts[m.key] = m
+                    writers.setdefault(m.key, (m, []))[1].append(job)
+        return writers
+
+    def check_quotas(self) -> list[tuple[int, int]]:
+        """Stop the attempts writing to a volume the last measurement found over 110% of its
+        limit (the attempts stopped), and start the next measurement of every such volume.
+        Measuring walks what jobs wrote (any number of files): it runs on a thread of its
+        own, so a job cannot slow the agent's loop down with it."""
         stopped = []
-        for key, jobs in writers.items():
-            m = mounts[key]
-            try:
-                used = self.storage.usage(m)
-            except OSError as exc:
-                log.warning("cannot measure volume %s: %s", m.volume.name, exc)
-                continue
-            if not self.storage.over_limit(m, used):
+        with self._usage_lock:
+            measured, self._usage = self._usage, {}
+        for key, (m, jobs) in self._writers().items():
+            used = measured.get(key)
+            if used is None or not self.storage.over_limit(m, used):
                 continue
             message = f"volume full: volume {m.volume.name} is full (limit {m.volume.limit_text})"
             for job in jobs:
-                if self.stop(
-                    job.key, "volume_full", message, grace_s=min(job.assignment.grace_seconds, 30.0)
-                ):
+                grace = min(job.assignment.grace_seconds, 30.0)
+                if self.stop(job.key, "volume_full", message, grace_s=grace):
                     stopped.append(job.key)
+        if self._meter is None or not self._meter.is_alive():
+            mounts = [m for m, _ in self._writers().values()]
+            if mounts:
+                self._meter = threading.Thread(
+                    target=self._measure, args=(mounts,), name="volume-usage", daemon=True
+                )
+                self._meter.start()
         return stopped
+
+    def _measure(self, mounts: list[Mount]) -> None:
+        usage = {}
+        for m in mounts:
+            try:
+                usage[m.key] = self.storage.usage(m)
+            except OSError as exc:
+                log.warning("cannot measure volume %s: %s", m.volume.name, exc)
+        with self._usage_lock:
+            self._usage.update(usage)
 
     def wait_all(self, timeout_s: float, *, tick_s: float = 0.05) -> bool:
         """Poll until no attempt has a process left (True), or the timeout passes."""

@@ -214,6 +214,8 @@ class Storage:
         run/ the agent's alone; an existing one of another mode is taken back."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         with hostfs.opened(hostfs.open_dir(self.workdir)) as top:
+            if os.fstat(top).st_uid != os.geteuid():  # someone else could swap what is in it
+                raise StorageError(f"the workdir {self.workdir} is not the agent's own")
             os.fchmod(top, (os.fstat(top).st_mode & 0o7777 & ~0o022) | 0o011)
             for name in ("jobs", "scratch", "volumes"):
                 os.close(hostfs.own_dir(top, name, mode=0o711))

@@ -468,6 +468,17 @@ def test_the_agents_directories_are_its_own(workdir: Path) -> None:
         )
 
 
+@needs_root
+def test_a_workdir_someone_else_owns_is_refused(tmp_path: Path) -> None:
+    """Its owner could swap jobs/ or run/ for links to anywhere."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1234, 1234)
+    with pytest.raises(StorageError, match="is not the agent's own"):
+        Storage(theirs).ensure_layout()
+    assert list(theirs.iterdir()) == []
+
+
 def test_shared_volumes_live_under_the_shared_root(workdir: Path, tmp_path: Path) -> None:
     shared_root = tmp_path / "shared"
     shared_root.mkdir()
