@@ -72,6 +72,10 @@ def inside_path(value: object, what: str) -> str:
     return "/".join(parts)
 
 
+def _under(path: str, parent: str) -> bool:
+    return path.startswith(parent.rstrip("/") + "/")
+
+
 def _int(value: object, what: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise StorageError(f"{what} must be an integer >= {minimum}, not {value!r}")
@@ -103,7 +107,7 @@ class Volume:
         if kind != "scratch" and volume_id < 1:
             raise StorageError(f"volume {name}: a {kind} volume needs its id")
         mount = container_path(raw.get("mount_path") or f"/data/{name}", f"volume {name}: path")
-        if any(mount == r or mount.startswith(r + "/") for r in _RESERVED):
+        if mount == "/" or any(mount == r or _under(mount, r) for r in _RESERVED):
             raise StorageError(f"volume {name}: {mount} is reserved in the container")
         read_only = raw.get("read_only", False)
         if not isinstance(read_only, bool):
@@ -243,6 +247,11 @@ class Storage:
                 raise StorageError(f"volume {v.name} is named twice")
             if v.mount_path in seen_paths:
                 raise StorageError(f"two volumes are mounted at {v.mount_path}")
+            nested = [p for p in seen_paths if _under(v.mount_path, p) or _under(p, v.mount_path)]
+            if nested:
+                # the engine would create the inner mount point in the outer volume, which the
+                # job writes: each volume gets a path of its own
+                raise StorageError(f"volume {v.name}: {v.mount_path} is nested with {nested[0]}")
             seen_names.add(v.name)
             seen_paths.add(v.mount_path)
         project_id = a.project_id

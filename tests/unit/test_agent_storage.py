@@ -186,6 +186,11 @@ def test_a_job_naming_the_portals_virtualenv_changes_nothing_there(runner: Runne
         ({"volumes": [node_local(0)]}, "needs its id"),
         ({"volumes": [node_local(1), node_local(2)]}, "is named twice"),
         (
+            {"volumes": [node_local(1), node_local(2, name="b", mount_path="/data/data/b")]},
+            "is nested with /data/data",
+        ),
+        ({"volumes": [node_local(1, mount_path="/workspace/x")]}, "is reserved"),
+        (
             {"volumes": [node_local(1)], "checkpoint": {"volume": "data", "path": "../../x"}},
             "not a usable path inside a volume",
         ),
