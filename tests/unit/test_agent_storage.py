@@ -632,3 +632,28 @@ def test_a_scratch_image_goes_with_its_attempt(runner: Runner) -> None:
         assert not list((runner.workdir / "images").iterdir())
     finally:
         loopfs.unmount(mountpoint)
+
+
+@needs_engine
+def test_a_container_jobs_planted_stop_file_link_does_not_redirect_the_agents_write(
+    containers: Runner, tmp_path: Path
+) -> None:
+    """The link's target is read by the agent on the host, not in the container."""
+    outside = tmp_path / "host-file"
+    outside.write_text("the host's\n")
+    a = assignment(
+        191,
+        f'ln -s {outside} "$CHECKPOINT_DIR/{STOP_FILE}"; echo planted; sleep 60',
+        project_id=4,
+        volumes=[node_local(190, name="ckpt")],
+        checkpoint={"volume": "ckpt", "path": "runs"},
+        grace_seconds=5,
+    )
+    containers.start(a)
+    wait_for(lambda: "planted" in output(containers, 191), containers, timeout=60)
+    link = containers.workdir / "volumes" / "v190" / "runs" / STOP_FILE
+    assert link.is_symlink()
+    containers.stop(a.key, "preempted", "preempt", request="preempt")
+    wait_for(lambda: 191 in exits(containers), containers, timeout=30)
+    assert outside.read_text() == "the host's\n"
+    assert not link.is_symlink() and json.loads(link.read_text())["reason"] == "preempt"
