@@ -57,9 +57,10 @@ STOP_REASONS: tuple[str, ...] = ("preempt", "cancel", "resize")
 # `$CHECKPOINT_DIR/<STOP_FILE>` (JSON: reason, message, grace_seconds, deadline as epoch
 # seconds and ISO 8601, job_id, attempt), for workloads that cannot catch signals (a shell
 # script's children, a signal swallowed by a launcher) and poll it instead. `reason` is the
-# portal's stop reason (`preempt`, `resize`, `cancel`) or the agent's own (`time_limit`, and
-# `killed`: no longer assigned, the node fenced or its agent shutting down). The agent removes
-# it before an attempt starts, so a resumed attempt never sees its predecessor's.
+# portal's stop reason (`preempt`, `resize`, `cancel`) or the agent's own (`time_limit`,
+# `volume_full`, and `killed`: no longer assigned, the node fenced or its agent shutting down).
+# The agent removes it before an attempt starts, so a resumed attempt never sees its
+# predecessor's; it writes it link-free (a symlink the job put there is replaced, not followed).
 STOP_FILE = "stop-requested.json"
 
 
