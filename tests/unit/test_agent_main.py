@@ -705,3 +705,17 @@ def test_registration_says_when_gang_members_cannot_run_here(tmp_path: Path) -> 
     runtime.network.nft = [str(listing)]
     assert agent.registration()["gang_members"] is True
     assert "gang_members_reason" not in agent.registration()
+
+
+def test_a_starting_agent_sweeps_what_a_crashed_one_left_on_disk(
+    portal: FakePortal, start_agent: Callable[..., Running], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    for path in ("jobs/99/model.pt", "scratch/99/tmp/blob"):
+        (work / path).parent.mkdir(parents=True)
+        (work / path).write_text("left behind")
+    (work / "volumes" / "v3").mkdir(parents=True)  # a node-local volume: kept
+    start_agent()
+    wait_for(lambda: portal.bodies("/heartbeat"))
+    assert not (work / "jobs" / "99").exists() and not (work / "scratch" / "99").exists()
+    assert (work / "volumes" / "v3").is_dir()
