@@ -6,7 +6,7 @@ look and its use. So every operation here starts from a directory file descripto
 holds and takes one path component at a time with `O_NOFOLLOW` (`open_beneath`): a symlink in
 the way is an error (ELOOP), never a detour. Ownership changes only on what the agent itself
 created (`make_dir`), or, for the handover of a job's own workspace between its uids, on entries
-of that job uid (`reown_tree`, by directory descriptor, `follow_symlinks=False`). Removal is
+of that job uid (`reown_tree`, by directory descriptors, `follow_symlinks=False`). Removal is
 `shutil.rmtree` with `dir_fd`: on Linux it walks by descriptors and never follows a link
 (`shutil.rmtree.avoids_symlink_attacks`). Standard library only.
 """
@@ -165,20 +165,42 @@ def remove_tree(dir_fd: int, name: str) -> bool:
     return True
 
 
-def tree_usage(dir_fd: int) -> int:
-    """Bytes of disk the tree below `dir_fd` takes (blocks allocated; each inode once),
-    following no symlink and crossing into no directory that was swapped for a link."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for _folder, dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-        for name in dirs + files:
+MAX_DEPTH = 256  # deeper than this the walks below do not go (a job can nest without end)
+
+
+def walk(dir_fd: int, *, depth: int = 0) -> Iterator[tuple[int, os.DirEntry[str]]]:
+    """(its directory's descriptor, entry) for everything below `dir_fd`, depth first. Only
+    directories are opened, with O_DIRECTORY|O_NOFOLLOW: never a link, a FIFO or a device,
+    whatever a job swaps in meanwhile."""
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            yield dir_fd, entry
             try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                is_dir = entry.is_dir(follow_symlinks=False)
             except OSError:
                 continue
-            key = (st.st_dev, st.st_ino)
-            if key in seen:
+            if not is_dir or depth >= MAX_DEPTH:
                 continue
+            try:
+                fd = os.open(entry.name, DIR_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                continue  # gone, or swapped for a link
+            with opened(fd):
+                yield from walk(fd, depth=depth + 1)
+
+
+def tree_usage(dir_fd: int) -> int:
+    """Bytes of disk the tree below `dir_fd` takes (blocks allocated; each inode once),
+    following no symlink."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for _fd, entry in walk(dir_fd):
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key not in seen:
             seen.add(key)
             total += st.st_blocks * 512
     return total
@@ -188,11 +210,10 @@ def reown_tree(dir_fd: int, old: int, new: int) -> None:
     """Hand what uid `old` owns below `dir_fd` to uid `new` (a job's workspace when the job
     runs under another uid than its earlier attempt): only entries of `old`, never a file with
     other hard links (it may be someone else's too), never through a symlink."""
-    for _folder, dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-        for name in dirs + files:
-            with contextlib.suppress(OSError):
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if st.st_uid != old or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
-                    continue
-                gid = new if st.st_gid == old else -1
-                os.chown(name, new, gid, dir_fd=fd, follow_symlinks=False)
+    for fd, entry in walk(dir_fd):
+        with contextlib.suppress(OSError):
+            st = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
+            if st.st_uid != old or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
+                continue
+            gid = new if st.st_gid == old else -1
+            os.chown(entry.name, new, gid, dir_fd=fd, follow_symlinks=False)

@@ -406,6 +406,8 @@ def test_usage_is_measured_without_following_links(tmp_path: Path) -> None:
     (tree / "small").write_bytes(b"x" * 10_000)
     (tree / "link").symlink_to(outside)
     os.link(tree / "small", tree / "small-again")  # counted once
+    os.mkfifo(tree / "fifo")  # never opened (it would block)
+    (tree / "dev").symlink_to("/dev/zero")  # never opened (it would never end)
     with hostfs.opened(hostfs.open_dir(tree)) as fd:
         used = hostfs.tree_usage(fd)
     assert 10_000 <= used < 100_000
