@@ -66,6 +66,13 @@ class Config:
     # nft, and the networks other nodes' jobs have (CIDRs; none: only members on this host meet).
     nft: str = "nft"
     gang_networks: tuple[str, ...] = ()
+    # Storage (agent/storage.py): where the operator mounts the pool's shared filesystem (""
+    # : none here, jobs with shared volumes fail to start), the project gids' base, and how
+    # often the volumes' usage is measured against their limits.
+    shared_root: str = ""
+    project_gid_base: int = 300_000
+    quota_interval_s: float = 15.0
+    volume_images: bool = True  # limits as loop-mounted images where the host allows
 
     DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
     DEFAULT_POLL_INTERVAL_S = 2.0
@@ -127,6 +134,10 @@ class Config:
             pids_limit=args.pids_limit,
             nft=args.nft,
             gang_networks=gang_networks,
+            shared_root=str(Path(args.shared_root).resolve()) if args.shared_root else "",
+            project_gid_base=args.project_gid_base,
+            quota_interval_s=args.quota_interval,
+            volume_images=args.volume_images,
         )
 
 
@@ -286,5 +297,33 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="comma-separated CIDRs of the addresses other nodes' gang members have; a gang "
         "member's container may reach them (env AGENT_GANG_NETWORKS; default none: only "
         "members on this host)",
+    )
+    p.add_argument(
+        "--shared-root",
+        default=env.get("AGENT_SHARED_ROOT", ""),
+        help="where the pool's shared filesystem is mounted on this node (NFS, Lustre, "
+        "CephFS); shared volumes and datasets live in it as v<id> (env AGENT_SHARED_ROOT)",
+    )
+    p.add_argument(
+        "--project-gid-base",
+        type=int,
+        default=int(env.get("AGENT_PROJECT_GID_BASE") or 300_000),
+        help="a project's jobs get the supplementary gid BASE + project id, the group of its "
+        "volumes (env AGENT_PROJECT_GID_BASE)",
+    )
+    p.add_argument(
+        "--quota-interval",
+        type=float,
+        default=float(env.get("AGENT_QUOTA_INTERVAL") or 15.0),
+        help="seconds between measurements of the volumes' usage against their limits "
+        "(env AGENT_QUOTA_INTERVAL)",
+    )
+    p.add_argument(
+        "--no-volume-images",
+        dest="volume_images",
+        action="store_false",
+        default=env.get("AGENT_VOLUME_IMAGES", "1").strip().lower() in TRUE_WORDS,
+        help="measure node-local and scratch volumes' usage instead of giving each one a "
+        "loop-mounted filesystem image of its size (env AGENT_VOLUME_IMAGES=0)",
     )
     return p

@@ -168,6 +168,10 @@ class Agent:
             config.workdir,
             log_flush_s=config.log_flush_s,
             runtime=build_runtime(config, simulated=self.backend.simulated),
+            shared_root=config.shared_root or None,
+            project_gid_base=config.project_gid_base,
+            quota_interval_s=config.quota_interval_s,
+            volume_images=config.volume_images,
         )
         self.node: str | None = None
         self._gpu_uuids: set[str] = set()
@@ -225,6 +229,7 @@ class Agent:
             leftovers = self.runner.kill_leftovers()
             if leftovers:
                 log.warning("stopped %d attempt(s) a previous agent left running", len(leftovers))
+            self.runner.sweep()  # what a crashed agent left on disk
             if not self.register(stop):
                 return
             self.publish()
@@ -418,6 +423,8 @@ class Agent:
             self._set_fenced(news["fenced"])
         if "images" in news:  # the curated images this node keeps pulled
             self.runner.runtime.keep_pulled(news["images"])
+        if news.get("deleted_volumes"):  # node-local volumes deleted in the portal
+            self.runner.remove_volumes(news["deleted_volumes"])
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -568,6 +575,11 @@ class Agent:
         images = answer.get("images")
         if isinstance(images, list):
             news["images"] = [i for i in images if isinstance(i, str)]
+        deleted = answer.get("deleted_volumes")
+        if isinstance(deleted, list):
+            news["deleted_volumes"] = [
+                v for v in deleted if isinstance(v, int) and not isinstance(v, bool) and v > 0
+            ]
         self._tell_main(**news)
 
     def _tell_main(self, **news: Any) -> None:
@@ -709,6 +721,8 @@ class Agent:
                 runner.reject(a, f"GPU(s) not on this node: {', '.join(foreign)}")
                 continue
             runner.start(a)
+        # stopped jobs' workspaces stay only while the job is still assigned here
+        runner.release_workspaces({a.job_id for a in assignments} | {k[0] for k in keep})
 
     def _flush_outbox(
         self, *, attempts: int | None, stop: threading.Event | None = None, apply: bool = True

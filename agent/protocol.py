@@ -26,15 +26,24 @@ EXIT_REASONS: tuple[str, ...] = (
     "failed_to_start",  # never ran: a missing image, a bad command, no such GPU
     "oom",  # the kernel's OOM killer ended it: it went over its memory limit
     "time_limit",  # it ran past its wall-clock time limit and was stopped
+    "volume_full",  # a volume it writes to went past its size limit and it was stopped
 )
 ExitReason = Literal[
-    "exited", "killed", "preempted", "cancelled", "failed_to_start", "oom", "time_limit"
+    "exited",
+    "killed",
+    "preempted",
+    "cancelled",
+    "failed_to_start",
+    "oom",
+    "time_limit",
+    "volume_full",
 ]
 
 # What the portal shows as a job's failure reason for the reasons that are not an exit code.
 FAILURE_TEXT: dict[str, str] = {
     "oom": "out of memory",
     "time_limit": "time limit",
+    "volume_full": "volume full",
 }
 
 LOG_STREAMS: tuple[str, ...] = ("stdout", "stderr")
@@ -48,9 +57,10 @@ STOP_REASONS: tuple[str, ...] = ("preempt", "cancel", "resize")
 # `$CHECKPOINT_DIR/<STOP_FILE>` (JSON: reason, message, grace_seconds, deadline as epoch
 # seconds and ISO 8601, job_id, attempt), for workloads that cannot catch signals (a shell
 # script's children, a signal swallowed by a launcher) and poll it instead. `reason` is the
-# portal's stop reason (`preempt`, `resize`, `cancel`) or the agent's own (`time_limit`, and
-# `killed`: no longer assigned, the node fenced or its agent shutting down). The agent removes
-# it before an attempt starts, so a resumed attempt never sees its predecessor's.
+# portal's stop reason (`preempt`, `resize`, `cancel`) or the agent's own (`time_limit`,
+# `volume_full`, and `killed`: no longer assigned, the node fenced or its agent shutting down).
+# The agent removes it before an attempt starts, so a resumed attempt never sees its
+# predecessor's; it writes it link-free (a symlink the job put there is replaced, not followed).
 STOP_FILE = "stop-requested.json"
 
 
@@ -136,6 +146,8 @@ class HeartbeatAnswer(TypedDict):
     ok: bool
     fenced: bool
     images: NotRequired[list[str]]  # the curated images to keep pulled
+    # node-local volumes the portal deleted: the agent removes their directories (idempotent)
+    deleted_volumes: NotRequired[list[int]]
 
 
 class Started(TypedDict):
@@ -201,6 +213,26 @@ class Sync(TypedDict):
 # -- portal → agent -------------------------------------------------------------------------------
 
 
+# A volume as an assignment carries it: ids, kinds, container paths and limits, never a host
+# path (the agent derives those from its own configuration: agent/storage.py).
+VOLUME_KINDS: tuple[str, ...] = ("scratch", "node_local", "shared")
+DEFAULT_WORKING_DIR = "/workspace"  # the job's workspace in the container, its default cwd
+
+
+class VolumeMount(TypedDict):
+    id: int  # 0 for scratch (one per job and name)
+    name: str
+    kind: Literal["scratch", "node_local", "shared"]
+    mount_path: str  # absolute, in the container
+    read_only: bool
+    limit_mib: int  # 0: no limit
+
+
+class CheckpointPlace(TypedDict):
+    volume: str  # the name of one of the assignment's volumes
+    path: str  # relative, inside that volume
+
+
 class Assignment(TypedDict):
     """One entry of the assignments (GET /assignments, POST /sync)."""
 
@@ -215,8 +247,8 @@ class Assignment(TypedDict):
     gpu_uuids: list[str]
     share_milli: int
     gpu_memory_limit_mib: int | None
+    # the working directory in the container (None or "": DEFAULT_WORKING_DIR)
     working_dir: str | None
-    checkpoint_dir: str | None
     grace_seconds: float
     image: str  # "" : the node's default image
     time_limit_s: int | None  # wall clock, enforced by the agent
@@ -225,6 +257,11 @@ class Assignment(TypedDict):
     # /dev/shm in MiB (a Kubernetes emptyDir of medium Memory); 0: the engine's default.
     # It counts against the job's memory limit.
     shm_mib: int
+    # The project: its jobs share a supplementary gid on the node (for its volumes' files).
+    project_id: NotRequired[int]
+    volumes: NotRequired[list[VolumeMount]]
+    # where CHECKPOINT_DIR points: a path inside one of `volumes` (null: none)
+    checkpoint: NotRequired[CheckpointPlace | None]
 
 
 class SyncResult(TypedDict):

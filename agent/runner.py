@@ -23,14 +23,14 @@ import subprocess
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent import protocol
 from agent.runtime import Launch, LaunchError, ProcessRuntime, Runtime
-from agent.runtime.base import open_parent
+from agent.storage import DEFAULT_PROJECT_GID_BASE, Mount, Plan, Storage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,7 @@ class Assignment:
     gpu_uuids: tuple[str, ...] = ()
     share_milli: int = 1000
     gpu_memory_limit_mib: int | None = None
-    working_dir: str | None = None
-    checkpoint_dir: str | None = None
+    working_dir: str | None = None  # in the container (None: /workspace)
     grace_seconds: float = DEFAULT_GRACE_S
     stop_reason: str | None = None
     image: str = ""
@@ -89,6 +88,11 @@ class Assignment:
     cpu_milli: int = 0
     memory_mib: int = 0
     shm_mib: int = 0
+    # Storage, as sent: checked when the attempt starts (agent.storage.Storage.plan), so a bad
+    # one is a failed start the portal hears of, not an assignment ignored.
+    project_id: int = 0
+    volumes: tuple[Any, ...] = ()
+    checkpoint: Any = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -121,7 +125,6 @@ class Assignment:
                 share_milli=int(share) if share is not None else 1000,
                 gpu_memory_limit_mib=int(limit) if limit is not None else None,
                 working_dir=data.get("working_dir") or None,
-                checkpoint_dir=data.get("checkpoint_dir") or None,
                 grace_seconds=float(grace) if grace is not None else default_grace_s,
                 stop_reason=data.get("stop_reason"),
                 image=str(data.get("image") or ""),
@@ -129,6 +132,9 @@ class Assignment:
                 cpu_milli=int(data.get("cpu_milli") or 0),
                 memory_mib=int(data.get("memory_mib") or 0),
                 shm_mib=int(data.get("shm_mib") or 0),
+                project_id=int(data.get("project_id") or 0),
+                volumes=tuple(data.get("volumes") or ()),
+                checkpoint=data.get("checkpoint") or None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AssignmentError(f"malformed assignment {data!r}: {exc}") from exc
@@ -204,21 +210,30 @@ SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
 
 
 def _switch_user(launch: Launch) -> tuple[list[str], dict[str, Any]]:
-    """The argv and Popen arguments that start `launch` as its own uid and gid, with no
-    supplementary groups and umask 077 (the argv unchanged when no switch is asked for)."""
+    """The argv and Popen arguments that start `launch` as its own uid and gid, with only the
+    supplementary groups it names (its project's, for the volumes) and umask 077, or 007 with
+    a project group so the project's other jobs can write what it writes in a shared volume
+    (the argv unchanged when no switch is asked for)."""
     if launch.user is None:
         return launch.argv, {}
     group = launch.user if launch.group is None else launch.group
+    umask = 0o007 if launch.groups else 0o077
     if SETPRIV:
+        groups = ",".join(str(g) for g in launch.groups)
         return [
             SETPRIV,
             f"--reuid={launch.user}",
             f"--regid={group}",
-            "--clear-groups",
+            f"--groups={groups}" if groups else "--clear-groups",
             "--",
             *launch.argv,
-        ], {"umask": 0o077}
-    return launch.argv, {"user": launch.user, "group": group, "extra_groups": [], "umask": 0o077}
+        ], {"umask": umask}
+    return launch.argv, {
+        "user": launch.user,
+        "group": group,
+        "extra_groups": list(launch.groups),
+        "umask": umask,
+    }
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -367,6 +382,9 @@ class Job:
     leftovers_stopped: bool = False
     forgotten: bool = False
     finished: bool = False
+    plan: Plan | None = None  # its storage on this host
+    settled: bool = False  # the runtime finished its start (the container's env file is gone)
+    exit_reason: str | None = None  # as reported
 
     @property
     def key(self) -> tuple[int, int]:
@@ -402,16 +420,31 @@ class Runner:
         shell: str = "/bin/sh",
         job_pythonpath: str | None = agent_source_root(),
         runtime: Runtime | None = None,
+        shared_root: str | Path | None = None,
+        project_gid_base: int = DEFAULT_PROJECT_GID_BASE,
+        quota_interval_s: float = 15.0,
+        volume_images: bool = True,
     ) -> None:
         self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.runtime = runtime or ProcessRuntime(shell=shell)
-        # Job uids may pass through (not list) the workdir to their own directories.
-        for path in (self.workdir, self.workdir / "jobs", self.workdir / "checkpoints"):
-            path.mkdir(parents=True, exist_ok=True)
-            open_parent(path)
+        # Every host path of a job comes from here (and the shared root), never from the portal.
+        self.storage = Storage(
+            self.workdir,
+            shared_root=Path(shared_root) if shared_root else None,
+            project_gid_base=project_gid_base,
+            images=volume_images,
+        )
+        self.storage.ensure_layout()
         if hasattr(self.runtime, "state_dir"):
             self.runtime.state_dir = self.workdir / "run"
+        self.quota_interval_s = quota_interval_s
+        self._next_quota_check = 0.0
+        self._meter: threading.Thread | None = None  # measures volumes (check_quotas)
+        self._usage: dict[str, int] = {}  # its last results, by volume
+        self._usage_lock = threading.Lock()
+        # job id -> when its last attempt here ended (stopped, so it may come back): its
+        # workspace stays while the portal still assigns the job here (`release_workspaces`)
+        self._parked: dict[int, float] = {}
         self.log_flush_s = log_flush_s
         self.log_chunk_bytes = log_chunk_bytes
         self.max_buffer_bytes = max_buffer_bytes
@@ -460,34 +493,36 @@ class Runner:
 
     # -- environment and directories ----------------------------------------------------------
 
-    def _resolve(self, path: str, under: str) -> Path:
-        p = Path(path)
-        return p if p.is_absolute() else self.workdir / under / p
-
     def working_dir(self, a: Assignment) -> Path:
-        if a.working_dir:
-            return self._resolve(a.working_dir, "jobs")
+        """The job's workspace on this host: always `<workdir>/jobs/<job id>` (the
+        assignment's `working_dir` is a path in the container)."""
         return self.workdir / "jobs" / str(a.job_id)
 
     def checkpoint_dir(self, a: Assignment) -> Path | None:
-        raw = a.env.get("CHECKPOINT_DIR") or a.checkpoint_dir
-        if not raw or "://" in raw:  # object storage URLs are the workload's business
+        """Where the job's checkpoint is on this host: a path inside one of its volumes."""
+        try:
+            return self.storage.plan(a).checkpoint_host()
+        except StorageError:
             return None
-        return self._resolve(raw, "checkpoints")
 
     def job_env(self, a: Assignment) -> dict[str, str]:
         """The job's environment, an allow-list: a few basics, what the job asked for and what
-        the platform sets (its env from the portal), the GPU fence. Nothing of the agent's."""
+        the platform sets (its env from the portal), the GPU fence. Nothing of the agent's.
+        CHECKPOINT_DIR and VOLUME_<NAME> are the runtime's (where the job sees its volumes):
+        a host path the portal may still send is dropped."""
         env = {"PATH": JOB_PATH}
         env.update({k: self.base_env[k] for k in BASE_ENV_KEYS if k in self.base_env})
-        env.update({k: v for k, v in a.env.items() if k not in PRIVATE_ENV})
+        env.update(
+            {
+                k: v
+                for k, v in a.env.items()
+                if k not in PRIVATE_ENV and k != "CHECKPOINT_DIR" and not k.startswith("VOLUME_")
+            }
+        )
         if self.job_pythonpath:
             paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
             if self.job_pythonpath not in paths:
                 env["PYTHONPATH"] = os.pathsep.join([*paths, self.job_pythonpath])
-        checkpoint = self.checkpoint_dir(a)
-        if checkpoint is not None:
-            env["CHECKPOINT_DIR"] = str(checkpoint)
         if env.get("MASTER_ADDR") and not env.get("MASTER_PORT"):
             env["MASTER_PORT"] = str(free_port())  # one node's rendezvous: a port free here
         # Set last, so nothing in the job's own env can widen its view of the node's GPUs.
@@ -514,17 +549,13 @@ class Runner:
         if rank.isdigit() and a.env.get("NNODES", "1") != "1":  # a gang member's own numbers
             job.seq = int(rank) * protocol.LOG_SEQ_PER_MEMBER
         self.jobs[a.key] = job
+        self._parked.pop(a.job_id, None)
         try:
-            cwd = self.working_dir(a)
-            cwd.mkdir(parents=True, exist_ok=True)
-            checkpoint = self.checkpoint_dir(a)
-            if checkpoint is not None:
-                checkpoint.mkdir(parents=True, exist_ok=True)
-                # a stop request is for the attempt it stopped, never for the next one
-                (checkpoint / protocol.STOP_FILE).unlink(missing_ok=True)
             if not a.command.strip():
                 raise ValueError("the assignment has no command")
-            launch = self.runtime.launch(a, cwd=cwd, checkpoint=checkpoint, env=self.job_env(a))
+            # Checked and placed here; created by the runtime as the job's uid is known.
+            job.plan = self.storage.plan(a)
+            launch = self.runtime.launch(a, plan=job.plan, env=self.job_env(a))
             job.launch = launch
             argv, switch = _switch_user(launch)
             proc = subprocess.Popen(  # noqa: S603 - running the portal's command is the point
@@ -540,6 +571,7 @@ class Runner:
                 **switch,
             )
         except (OSError, ValueError, subprocess.SubprocessError, LaunchError) as exc:
+            # (StorageError is a ValueError: a volume or path the agent will not use)
             log.error("job %d attempt %d failed to start: %s", a.job_id, a.attempt, exc)
             self._queue(job, "exited", self._exit_body(job, "failed_to_start", str(exc)))
             self._retire(job)
@@ -626,10 +658,11 @@ class Runner:
 
     def _request_checkpoint(self, job: Job, reason: str, grace: float) -> None:
         """Write the checkpoint signal file into the job's checkpoint directory (whole, by a
-        rename, so a workload polling it never reads half of it). Best effort: the SIGTERM
-        follows whatever happens here."""
-        checkpoint = self.checkpoint_dir(job.assignment)
-        if checkpoint is None:
+        rename, so a workload polling it never reads half of it; under a directory descriptor
+        and link-free: a symlink the job planted there is replaced, never written through).
+        Best effort: the SIGTERM follows whatever happens here."""
+        plan = job.plan
+        if plan is None or plan.checkpoint is None or not plan.prepared:
             return
         deadline = time.time() + max(0.0, grace)
         body = {
@@ -641,15 +674,13 @@ class Runner:
             "job_id": job.job_id,
             "attempt": job.attempt,
         }
-        tmp = checkpoint / f".{protocol.STOP_FILE}.{os.getpid()}"
+        owner = job.launch.owner if job.launch is not None else None
         try:
-            tmp.write_text(json.dumps(body) + "\n")
-            tmp.chmod(0o644)
-            os.replace(tmp, checkpoint / protocol.STOP_FILE)
+            self.storage.write_stop_file(
+                plan, (json.dumps(body) + "\n").encode(), uid=-1 if owner is None else owner
+            )
         except OSError as exc:
             log.warning("job %d: cannot write its stop request: %s", job.job_id, exc)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
 
     def stop_all(self, reason: str, message: str, *, grace_s: float | None = None) -> int:
         """Stop every attempt on the node; the number being stopped."""
@@ -673,9 +704,14 @@ class Runner:
     def poll(self) -> None:
         """Reap exits, escalate stops, ship due log chunks, queue exit reports."""
         now = self._clock()
+        if now >= self._next_quota_check:
+            self._next_quota_check = now + self.quota_interval_s
+            self.check_quotas()
         for job in list(self.jobs.values()):
             if job.proc is None:
                 continue
+            if not job.settled and job.launch is not None:
+                job.settled = self.runtime.settle(job.launch)
             self._advance(job, now)
             if job.forgotten:
                 if not job.alive:
@@ -805,17 +841,115 @@ class Runner:
         }
 
     def _queue(self, job: Job, kind: str, body: dict[str, Any]) -> None:
+        if kind == "exited":
+            job.exit_reason = body.get("reason")
         self.outbox.append(Message(job.job_id, job.attempt, kind, body))
 
     def _retire(self, job: Job) -> None:
         if job.launch is not None and not job.finished:
             self.runtime.cleanup(job.launch)  # nothing of the attempt outlives it
+        if not job.finished and not any(
+            j.job_id == job.job_id and j is not job for j in self.jobs.values()
+        ):
+            self._give_back(job)
         job.finished = True
         self.jobs.pop(job.key, None)
         self._finished[job.key] = None
         while len(self._finished) > 10_000:
             self._finished.popitem(last=False)
         self._save_state()
+
+    # -- storage: quotas and giving space back -------------------------------------------------
+
+    def _give_back(self, job: Job) -> None:
+        """The attempt is over: its scratch goes now; its workspace too, unless it was stopped
+        (preempted, resized, no longer assigned), when it may come back here at once."""
+        self.storage.remove_scratch(job.job_id)
+        if job.exit_reason in ("preempted", "killed"):
+            self._parked[job.job_id] = self._clock()
+        else:
+            self.storage.remove_workspace(job.job_id)
+
+    def release_workspaces(self, assigned: Set[int]) -> list[int]:
+        """Remove the workspaces of stopped jobs the portal no longer assigns here."""
+        gone = [j for j in self._parked if j not in assigned]
+        for job_id in gone:
+            del self._parked[job_id]
+            if not any(j.job_id == job_id for j in self.jobs.values()):
+                self.storage.remove_workspace(job_id)
+        return gone
+
+    def remove_volumes(self, volume_ids: list[int]) -> list[int]:
+        """Remove node-local volumes the portal deleted (not while an attempt mounts one)."""
+        in_use = {
+            m.volume.id
+            for j in self.jobs.values()
+            if j.plan is not None
+            for m in j.plan.mounts
+            if m.volume.kind == "node_local"
+        }
+        removed = []
+        for volume_id in volume_ids:
+            if volume_id in in_use:
+                continue
+            if self.storage.remove_volume(volume_id):
+                log.info("removed node-local volume v%d (deleted in the portal)", volume_id)
+                removed.append(volume_id)
+        return removed
+
+    def sweep(self) -> list[str]:
+        """Remove what no live attempt here owns (a crashed agent's job dirs and scratch)."""
+        removed = self.storage.sweep({j.job_id for j in self.jobs.values()})
+        if removed:
+            log.warning("removed %d leftover job director(ies): %s", len(removed), removed[:10])
+        return removed
+
+    def _writers(self) -> dict[str, tuple[Mount, list[Job]]]:
+        """The volumes with a limit that running attempts write to, and those attempts."""
+        writers: dict[str, tuple[Mount, list[Job]]] = {}
+        for job in self.alive_jobs():
+            if job.plan is None or not job.plan.prepared or job.stop_reason is not None:
+                continue
+            for m in job.plan.mounts:
+                if not m.volume.read_only and m.volume.limit_mib > 0:
+                    writers.setdefault(m.key, (m, []))[1].append(job)
+        return writers
+
+    def check_quotas(self) -> list[tuple[int, int]]:
+        """Stop the attempts writing to a volume the last measurement found over 110% of its
+        limit (the attempts stopped), and start the next measurement of every such volume.
+        Measuring walks what jobs wrote (any number of files): it runs on a thread of its
+        own, so a job cannot slow the agent's loop down with it."""
+        stopped = []
+        with self._usage_lock:
+            measured, self._usage = self._usage, {}
+        for key, (m, jobs) in self._writers().items():
+            used = measured.get(key)
+            if used is None or not self.storage.over_limit(m, used):
+                continue
+            message = f"volume full: volume {m.volume.name} is full (limit {m.volume.limit_text})"
+            for job in jobs:
+                grace = min(job.assignment.grace_seconds, 30.0)
+                if self.stop(job.key, "volume_full", message, grace_s=grace):
+                    stopped.append(job.key)
+        if self._meter is None or not self._meter.is_alive():
+            mounts = [m for m, _ in self._writers().values()]
+            if mounts:
+                self._meter = threading.Thread(
+                    target=self._measure, args=(mounts,), name="volume-usage", daemon=True
+                )
+                self._meter.start()
+        return stopped
+
+    def _measure(self, mounts: list[Mount]) -> None:
+        usage = {}
+        for m in mounts:
+            try:
+                usage[m.key] = self.storage.usage(m)
+            except OSError as exc:
+                log.warning("cannot measure volume %s: %s", m.volume.name, exc)
+        with self._usage_lock:
+            self._usage.update(usage)
 
     def wait_all(self, timeout_s: float, *, tick_s: float = 0.05) -> bool:
         """Poll until no attempt has a process left (True), or the timeout passes."""

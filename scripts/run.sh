@@ -8,7 +8,7 @@ CELERY=${VENV:-.venv}/bin/celery
 PORT=${PORT:-8000}
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-config.settings.local}
 export AGENT_PORTAL_URL="http://127.0.0.1:${PORT}"
-mkdir -p var/broker var/log var/agents
+mkdir -p var/broker var/log var/agents var/shared-storage
 "$PY" manage.py migrate --noinput -v0
 "$PY" manage.py seed_demo --agent-tokens var/agents
 
@@ -60,6 +60,7 @@ done
 while IFS=$'\t' read -r node gpus; do
   PORTAL_URL="$AGENT_PORTAL_URL" NODE_TOKEN_FILE="var/agents/${node}.token" AGENT_SIMULATE=1 \
     AGENT_SIM_GPUS="$gpus" AGENT_HOSTNAME="$node" AGENT_WORKDIR="var/agents/${node}" \
+    AGENT_SHARED_ROOT="${AGENT_SHARED_ROOT:-var/shared-storage}" \
     "$PY" -m agent >"var/log/agent-${node}.log" 2>&1 &
   pids+=($!)
 done <var/agents/agents.tsv

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import stat
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from agent.storage import Plan
 
 
 class Assignment(Protocol):
@@ -43,6 +45,11 @@ class Assignment(Protocol):
 # uid no live attempt on the node holds.
 DEFAULT_JOB_UID_BASE = 200_000
 JOB_UID_RANGE = 60_000
+
+
+def job_uid_range(base: int | None) -> range | None:
+    """Every uid a job may run as on the node (None: jobs do not switch uids)."""
+    return None if base is None else range(base, base + JOB_UID_RANGE)
 
 
 def job_uid(job_id: int, base: int = DEFAULT_JOB_UID_BASE) -> int:
@@ -108,6 +115,8 @@ class Launch:
     cwd: Path
     user: int | None = None  # switch to this uid/gid (the process runtime as root)
     group: int | None = None
+    groups: tuple[int, ...] = ()  # supplementary groups after the switch (the project's gid)
+    owner: int | None = None  # the job's uid, whichever runtime (files written for the job)
     image: str = ""
     image_digest: str = ""
     container: str = ""  # the container's name (the container runtime)
@@ -120,10 +129,15 @@ class Runtime:
 
     name = "runtime"
 
-    def launch(
-        self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
-    ) -> Launch:
+    def launch(self, a: Assignment, *, plan: Plan, env: dict[str, str]) -> Launch:
+        """Prepare the attempt's storage (`plan.prepare` with the job's uid) and say what to
+        run."""
         raise NotImplementedError
+
+    def settle(self, launch: Launch) -> bool:
+        """Called after the start until True: the attempt's start is complete, and what only
+        the start needed (the container's env file) is gone."""
+        return True
 
     def signal(self, launch: Launch, pgid: int, sig: int) -> bool:
         """Send `sig` to everything of the attempt; False when nothing is left."""
@@ -155,37 +169,6 @@ class Runtime:
     def keep_pulled(self, images: list[str]) -> None:
         """Have these images on the node before a job asks for them (the portal's curated
         images, told in each heartbeat answer); nothing to do without a container engine."""
-
-
-def prepare_dir(
-    path: Path, uid: int | None, *, mode: int = 0o700, uid_base: int | None = None
-) -> None:
-    """Create a job's directory, owned by the job's uid and closed to every other job.
-
-    With `uid_base`: a directory an earlier attempt of the job left under another job uid (it
-    ran as a uid `JobUids` moved aside) has what that uid owned in it handed to this one, so a
-    requeued attempt reads its checkpoint. Only entries owned by that job uid: nothing a job
-    linked in from elsewhere (a hard link to a root file stays root's), no symlink followed.
-    """
-    path.mkdir(parents=True, exist_ok=True)
-    if uid is None:
-        return
-    before = path.lstat().st_uid
-    if uid_base is not None and before != uid and uid_base <= before < uid_base + JOB_UID_RANGE:
-        _reown_tree(path, before, uid)
-    os.chown(path, uid, uid)
-    os.chmod(path, mode)
-
-
-def _reown_tree(root: Path, old: int, new: int) -> None:
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            entry = os.path.join(folder, name)
-            with contextlib.suppress(OSError):
-                st = os.lstat(entry)
-                if st.st_uid != old or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1):
-                    continue
-                os.lchown(entry, new, new if st.st_gid == old else -1)
 
 
 def open_parent(path: Path) -> None:

@@ -27,8 +27,14 @@ and when the job's main process ends the kernel ends everything else in the name
   checked before each member starts; without the fence a member does not start;
 - GPUs through NVIDIA's CDI (`--device nvidia.com/gpu=<uuid>`) on a real host; none on a
   simulated one;
-- its working directory at /workspace and its checkpoint directory at /checkpoint (bind
-  mounts owned by its uid); the agent's source, read-only, for the demo workload.
+- its own workspace at /workspace (`<workdir>/jobs/<job>`, owned by its uid) and its cwd at
+  the assignment's `working_dir` (a path in the container); each of its volumes bind-mounted
+  at its container path, read-only where asked (agent/storage.py places them: no host path
+  comes from the portal); its project's gid as a supplementary group and umask 0007, so the
+  project's jobs share the files in its volumes; CHECKPOINT_DIR inside a volume; the
+  agent's source, read-only, for the demo workload;
+- its environment in an env file in `<workdir>/run/` (0700, the agent's), removed as soon as
+  the container exists (`settle`), not only at the end.
 
 Podman runs as root (`--runtime runc`): rootless Podman on a cgroup v1 host (such as the test VM)
 cannot apply cgroup limits at all, and crun refuses the hybrid layout. Where the agent runs as
@@ -49,7 +55,10 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from agent import hostfs
+from agent.protocol import DEFAULT_WORKING_DIR as WORKSPACE
 from agent.runtime.base import (
     Assignment,
     JobUids,
@@ -57,17 +66,18 @@ from agent.runtime.base import (
     LaunchError,
     Outcome,
     Runtime,
-    prepare_dir,
+    job_uid_range,
 )
 from agent.runtime.jobnet import JobNetwork
 from agent.runtime.mps import MpsControl
+
+if TYPE_CHECKING:
+    from agent.storage import Plan
 
 log = logging.getLogger(__name__)
 
 NAME_PREFIX = "gpucloud-job-"
 LABEL = "org.gpucloud.agent"
-WORKSPACE = "/workspace"
-CHECKPOINT = "/checkpoint"
 AGENT_SOURCE = "/opt/gpucloud"
 EXIT_OOM = 137  # 128 + SIGKILL: how a container whose process the OOM killer ended exits
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -280,9 +290,7 @@ class ContainerRuntime(Runtime):
         memory = a.memory_mib or self.memory_mib_per_gpu * units
         return cpu, memory
 
-    def launch(
-        self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
-    ) -> Launch:
+    def launch(self, a: Assignment, *, plan: Plan, env: dict[str, str]) -> Launch:
         image = a.image or self.default_image
         if not image:
             raise LaunchError("the job names no image and this node has no default image")
@@ -290,7 +298,7 @@ class ContainerRuntime(Runtime):
         digest = self.image_digest(image)
         uid = self.uids.acquire(a.job_id)
         try:
-            return self._launch(a, uid, image, network, digest, cwd, checkpoint, env)
+            return self._launch(a, uid, image, network, digest, plan, env)
         except BaseException:
             self.uids.release(uid)
             raise
@@ -302,16 +310,16 @@ class ContainerRuntime(Runtime):
         image: str,
         network: str,
         digest: str,
-        cwd: Path,
-        checkpoint: Path | None,
+        plan: Plan,
         env: dict[str, str],
     ) -> Launch:
-        prepare_dir(cwd, uid, uid_base=self.uid_base)
+        plan.prepare(uid, job_uids=job_uid_range(self.uid_base))
+        cwd = plan.workspace
         member = env.get("NODE_RANK", "") if network == "--network=host" else ""
         name = self.container_name(a.job_id, a.attempt, member if member.isdigit() else "")
         self._podman("rm", "--force", "--time", "0", name)  # a leftover of the same attempt
         cpu_milli, memory_mib = self.limits(a)
-        env = {**env, "HOME": WORKSPACE}
+        env = {**env, **plan.env(in_container=True), "HOME": WORKSPACE}
         argv = [
             *self.engine,
             "--runtime",
@@ -333,8 +341,15 @@ class ContainerRuntime(Runtime):
             "--volume",
             f"{cwd}:{WORKSPACE}:rw",
             "--workdir",
-            WORKSPACE,
+            plan.working_dir,
         ]
+        for m in plan.mounts:
+            argv += [
+                "--volume",
+                f"{m.host}:{m.volume.mount_path}:{'ro' if m.volume.read_only else 'rw'}",
+            ]
+        if plan.project_gid is not None:
+            argv += [f"--group-add={plan.project_gid}", "--umask=0007"]
         if self._limit_parent(name, memory_mib):
             argv += [f"--cgroup-parent=/{CGROUP_PARENT}/{name}"]
             limit = "parent"
@@ -343,10 +358,6 @@ class ContainerRuntime(Runtime):
             limit = "container"
         if a.shm_mib > 0:  # shared memory the job asked for (PyTorch DataLoader workers...)
             argv += [f"--shm-size={a.shm_mib}m"]
-        if checkpoint is not None:
-            prepare_dir(checkpoint, uid, uid_base=self.uid_base)
-            argv += ["--volume", f"{checkpoint}:{CHECKPOINT}:rw"]
-            env["CHECKPOINT_DIR"] = CHECKPOINT
         if self.agent_source:
             argv += ["--volume", f"{self.agent_source}/agent:{AGENT_SOURCE}/agent:ro"]
             env["PYTHONPATH"] = AGENT_SOURCE
@@ -368,18 +379,37 @@ class ContainerRuntime(Runtime):
             image_digest=digest,
             container=name,
             memory_mib=memory_mib,
+            owner=uid,
             extra={"env_file": str(env_file), "memory_limit": limit, "uid": str(uid)},
         )
 
     def _env_file(self, name: str, env: dict[str, str]) -> Path:
-        directory = self.state_dir or Path(tempfile.gettempdir())
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = directory / f"{name}.env"
+        """The job's env file, in a directory only the agent reaches (0700, the agent's)."""
+        directory = self.state_dir or Path(tempfile.gettempdir()) / "gpucloud-agent-run"
+        directory.parent.mkdir(parents=True, exist_ok=True)
         lines = [f"{k}={v}\n" for k, v in sorted(env.items()) if "\n" not in v and "\r" not in v]
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.writelines(lines)
-        return path
+        with (
+            hostfs.opened(hostfs.open_dir(directory.parent)) as parent,
+            hostfs.opened(hostfs.own_dir(parent, directory.name, mode=0o700)) as run,
+        ):
+            hostfs.write_file(run, f"{name}.env", "".join(lines).encode(), mode=0o600)
+        return directory / f"{name}.env"
+
+    def settle(self, launch: Launch) -> bool:
+        """The env file goes as soon as the container exists (Podman has read it by then)."""
+        path = launch.extra.get("env_file")
+        if not path:
+            return True
+        try:
+            done = self._podman("container", "exists", launch.container)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if done.returncode != 0:
+            return False
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        del launch.extra["env_file"]
+        return True
 
     def signal(self, launch: Launch, pgid: int, sig: int) -> bool:
         try:

@@ -4,9 +4,13 @@ Chosen only explicitly (`AGENT_RUNTIME=process`). What fences the job here:
 
 - its environment is the runner's allow-list (nothing of the agent's);
 - when the agent runs as root, the job runs as a uid of its own (`JobUids`), with no
-  supplementary groups and umask 077: it cannot read the agent's token file or state file
-  (0600, the agent's), `/proc/<agent>/environ` or memory, another job's directories (0700, that
-  job's uid), nor signal the agent (another uid);
+  supplementary group but its project's (for its volumes) and umask 077 (007 with volumes): it
+  cannot read the agent's token file or state file (0600, the agent's), `/proc/<agent>/environ`
+  or memory, another job's workspace (0700, that job's uid), another project's volumes
+  (root:project gid 2770), nor signal the agent (another uid);
+- its volumes are at their host paths (`VOLUME_<NAME>`, `CHECKPOINT_DIR`): there is no mount
+  namespace, so read-only is not enforced and the job starts in its workspace whatever its
+  `working_dir` (docs/storage-node.md);
 - every process of that uid is killed when the attempt ends, so a `setsid` child that left the
   process group does not outlive the job.
 
@@ -31,9 +35,20 @@ import shutil
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.runtime.base import Assignment, JobUids, Launch, Runtime, kill_uid, prepare_dir
+from agent.runtime.base import (
+    Assignment,
+    JobUids,
+    Launch,
+    Runtime,
+    job_uid_range,
+    kill_uid,
+)
 from agent.runtime.mps import MpsControl
+
+if TYPE_CHECKING:
+    from agent.storage import Plan
 
 log = logging.getLogger(__name__)
 
@@ -134,18 +149,19 @@ class ProcessRuntime(Runtime):
             return "process (jobs run as the agent's uid)"
         return f"process (jobs run as uid {self.uid_base}+)"
 
-    def launch(
-        self, a: Assignment, *, cwd: Path, checkpoint: Path | None, env: dict[str, str]
-    ) -> Launch:
+    def launch(self, a: Assignment, *, plan: Plan, env: dict[str, str]) -> Launch:
         uid = self.uids.acquire(a.job_id) if self.uids is not None else None
         try:
-            prepare_dir(cwd, uid, uid_base=self.uid_base)
-            if checkpoint is not None:
-                prepare_dir(checkpoint, uid, uid_base=self.uid_base)
+            plan.prepare(uid, job_uids=job_uid_range(self.uid_base))
         except BaseException:
             if self.uids is not None:
                 self.uids.release(uid)
             raise
+        cwd = plan.workspace
+        # No mount namespace: the job reaches its volumes at their host paths (VOLUME_<NAME>,
+        # CHECKPOINT_DIR), always in its workspace, and read-only is not enforced here.
+        env = {**env, **plan.env(in_container=False)}
+        gid = plan.project_gid if uid is not None else None
         if self.mps is not None and a.gpu_uuids and a.share_milli < 1000:
             self.mps.limit(a.gpu_uuids, a.share_milli, a.gpu_memory_limit_mib)
         if uid is not None:
@@ -156,7 +172,15 @@ class ProcessRuntime(Runtime):
         else:
             # The shell exports PWD (its physical cwd) to what it runs; the program gets the same.
             env = {**env, "PWD": os.path.realpath(cwd)}
-        return Launch(argv=argv, env=env, cwd=cwd, user=uid, group=uid)
+        return Launch(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            user=uid,
+            group=uid,
+            groups=(gid,) if gid is not None else (),
+            owner=uid,
+        )
 
     def cleanup(self, launch: Launch) -> None:
         if self.uids is not None:

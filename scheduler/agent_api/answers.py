@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from agent.protocol import ACTIONS, STOP_REASONS
+from agent.protocol import ACTIONS, STOP_REASONS, VOLUME_KINDS
 
 
 class RegisterAnswer(serializers.Serializer):  # type: ignore[type-arg]
@@ -23,6 +23,26 @@ class HeartbeatAnswer(serializers.Serializer):  # type: ignore[type-arg]
         required=False,
         help_text="The curated images the node keeps pulled (it pulls the ones it lacks).",
     )
+    deleted_volumes = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="Node-local volumes deleted in the portal: the agent removes their files.",
+    )
+
+
+class VolumeMount(serializers.Serializer):  # type: ignore[type-arg]
+    id = serializers.IntegerField(help_text="0 for a scratch volume (one per job and name).")
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=list(VOLUME_KINDS))
+    mount_path = serializers.CharField(help_text="Absolute path in the container.")
+    # the wire's name; DRF takes declared fields off the class, so Field.read_only stays a bool
+    read_only = serializers.BooleanField()  # type: ignore[assignment]
+    limit_mib = serializers.IntegerField(help_text="Size limit; 0: none.")
+
+
+class CheckpointPlace(serializers.Serializer):  # type: ignore[type-arg]
+    volume = serializers.CharField(help_text="The name of one of the assignment's volumes.")
+    path = serializers.CharField(allow_blank=True, help_text="Relative, inside that volume.")
 
 
 class Assignment(serializers.Serializer):  # type: ignore[type-arg]
@@ -35,8 +55,9 @@ class Assignment(serializers.Serializer):  # type: ignore[type-arg]
     gpu_uuids = serializers.ListField(child=serializers.CharField())
     share_milli = serializers.IntegerField()
     gpu_memory_limit_mib = serializers.IntegerField(allow_null=True)
-    working_dir = serializers.CharField(allow_null=True)
-    checkpoint_dir = serializers.CharField(allow_null=True)
+    working_dir = serializers.CharField(
+        allow_null=True, help_text="In the container; null: /workspace. Never a host path."
+    )
     grace_seconds = serializers.FloatField()
     image = serializers.CharField(allow_blank=True, help_text="Empty: the node's default image.")
     time_limit_s = serializers.IntegerField(
@@ -47,6 +68,9 @@ class Assignment(serializers.Serializer):  # type: ignore[type-arg]
     shm_mib = serializers.IntegerField(
         help_text="Shared memory (/dev/shm) in MiB; 0: the engine's default."
     )
+    project_id = serializers.IntegerField(required=False)
+    volumes = VolumeMount(many=True, required=False)
+    checkpoint = CheckpointPlace(required=False, allow_null=True)
 
 
 class AssignmentsAnswer(serializers.Serializer):  # type: ignore[type-arg]

@@ -41,6 +41,7 @@ class AssignedRow(NamedTuple):
     gpus: int
     rendezvous_port: int | None
     resize: dict[str, Any]
+    project_id: int
 
 
 # Compiled once (`CompiledQuery`): every agent reads this whenever its assignments change.
@@ -81,6 +82,7 @@ _ASSIGNED = CompiledQuery(
             "job__gpus",
             "job__rendezvous_port",
             "job__resize",
+            "job__project_id",
         )
     )
 )
@@ -127,13 +129,17 @@ def assignments_for(node: Node) -> list[AssignmentMessage]:
                 "share_milli": min(first.share_milli if len(rows) == 1 else 1000, 1000),
                 "gpu_memory_limit_mib": first.memory_mib or None,
                 "working_dir": first.working_dir or None,
-                "checkpoint_dir": first.checkpoint_dir or None,
                 "grace_seconds": first.grace_seconds,
                 "image": first.image,
                 "time_limit_s": first.time_limit_s,
                 "cpu_milli": first.cpu_milli,
                 "memory_mib": first.job_memory_mib,
                 "shm_mib": first.shm_mib,
+                # storage (issue 27): the agent derives every host path itself; volumes and
+                # the checkpoint's place come with the job request's volumes
+                "project_id": first.project_id,
+                "volumes": [],
+                "checkpoint": None,
             }
         )
     return out

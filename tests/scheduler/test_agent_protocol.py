@@ -30,6 +30,8 @@ PAIRS: list[tuple[Any, type[serializers.Serializer]]] = [  # type: ignore[type-a
     (protocol.RegisterAnswer, answers.RegisterAnswer),
     (protocol.HeartbeatAnswer, answers.HeartbeatAnswer),
     (protocol.Assignment, answers.Assignment),
+    (protocol.VolumeMount, answers.VolumeMount),
+    (protocol.CheckpointPlace, answers.CheckpointPlace),
     (protocol.AssignmentsAnswer, answers.AssignmentsAnswer),
     (protocol.SyncResult, answers.SyncResult),
     (protocol.SyncAnswer, answers.SyncAnswer),

@@ -50,6 +50,11 @@ def test_the_started_report_records_the_image_digest(placed):
     [
         ("oom", "out of memory: the job went over its memory limit of 96 MiB", "out of memory"),
         ("time_limit", "time limit: the job ran past its limit of 3600s", "time limit"),
+        (
+            "volume_full",
+            "volume full: volume ckpt is full (limit 2 GiB): ended after SIGTERM; exit code 143",
+            "volume full (volume ckpt is full (limit 2 GiB)",
+        ),
     ],
 )
 def test_oom_and_time_limit_fail_the_job_with_their_own_reason(placed, reason, message, words):

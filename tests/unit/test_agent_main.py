@@ -35,6 +35,7 @@ class FakePortal:
         self.calls: list[tuple[str, str, Any]] = []  # (method, path, body), in arrival order
         self.assignments: list[dict[str, Any]] = []
         self.fenced = False
+        self.deleted_volumes: list[int] = []  # told in each heartbeat answer
         self.unfence_when_idle = False
         self.down = False  # answer 503 to everything, like a restarting portal
         self.stale: set[tuple[int, int]] = set()  # (job, attempt) answered with 409
@@ -94,7 +95,8 @@ class FakePortal:
                 if self.fenced and self.unfence_when_idle and not body["running"]:
                     self.fenced = False
                     self.version += 1
-                return 200, {"ok": True, "fenced": self.fenced}
+                answer = {"ok": True, "fenced": self.fenced}
+                return 200, {**answer, "deleted_volumes": list(self.deleted_volumes)}
             if path == "/sync" and self.sync:
                 return 200, self._sync(body)
             if path == "/assignments":
@@ -369,14 +371,22 @@ def test_stops_a_job_that_disappears_from_the_assignments(
 def test_preempt_checkpoints_and_the_next_attempt_resumes(
     portal: FakePortal, start_agent: Callable[..., Running], tmp_path: Path
 ) -> None:
-    ckpt = tmp_path / "ckpt" / "4"
+    # the checkpoint in a node-local volume (v7), which the agent places under its workdir
+    ckpt = tmp_path / "work" / "volumes" / "v7" / "runs" / "4"
     workload = f"{sys.executable} -m agent.workload --seconds 60 --step-seconds 0.05 --checkpoint-every 0.2"
-    env = {"JOB_ID": "4", "CHECKPOINT_DIR": str(ckpt), "RESUME": "0"}
-    portal.set(assignments=[job(4, workload, env=env)])
+    env = {"JOB_ID": "4", "RESUME": "0"}
+    storage = {
+        "project_id": 2,
+        "volumes": [{"id": 7, "name": "ckpt", "kind": "node_local", "mount_path": "/ckpt"}],
+        "checkpoint": {"volume": "ckpt", "path": "runs/4"},
+    }
+    portal.set(assignments=[job(4, workload, env=env, **storage)])
     start_agent()
     wait_for(lambda: "step 5/" in portal.log_text(4))
 
-    portal.set(assignments=[job(4, workload, env=env, action="stop", stop_reason="preempt")])
+    portal.set(
+        assignments=[job(4, workload, env=env, action="stop", stop_reason="preempt", **storage)]
+    )
     (exited,) = wait_for(lambda: portal.job_reports(4, "exited"), 5.0)
     assert exited["reason"] == "preempted"
     # The shell (dash does not exec a lone command) dies of the SIGTERM at once; the workload in
@@ -388,11 +398,18 @@ def test_preempt_checkpoints_and_the_next_attempt_resumes(
     assert "SIGTERM: checkpoint saved" in portal.log_text(4)
 
     resume_env = {**env, "RESUME": "1"}
-    portal.set(assignments=[job(4, workload, attempt=2, env=resume_env)])
+    portal.set(assignments=[job(4, workload, attempt=2, env=resume_env, **storage)])
     wait_for(lambda: "resumed from checkpoint" in portal.log_text(4, attempt=2))
     assert f"resumed from checkpoint at step {saved['step']}" in portal.log_text(4, attempt=2)
     seqs = [b["seq"] for b in portal.job_reports(4, "logs") if b["attempt"] == 2]
     assert min(seqs) == 0  # seq numbers restart per attempt
+
+    # The job goes away and the portal deletes the volume: its files go too, and the
+    # stopped job's workspace once the job is no longer assigned here.
+    portal.set(assignments=[], deleted_volumes=[7])
+    wait_for(lambda: portal.job_reports(4, "exited")[1:], 5.0)
+    wait_for(lambda: not (tmp_path / "work" / "volumes" / "v7").exists(), 5.0)
+    wait_for(lambda: not (tmp_path / "work" / "jobs" / "4").exists(), 5.0)
 
 
 def test_an_assignment_for_gpus_this_node_lacks_is_refused(
@@ -688,3 +705,17 @@ def test_registration_says_when_gang_members_cannot_run_here(tmp_path: Path) -> 
     runtime.network.nft = [str(listing)]
     assert agent.registration()["gang_members"] is True
     assert "gang_members_reason" not in agent.registration()
+
+
+def test_a_starting_agent_sweeps_what_a_crashed_one_left_on_disk(
+    portal: FakePortal, start_agent: Callable[..., Running], tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    for path in ("jobs/99/model.pt", "scratch/99/tmp/blob"):
+        (work / path).parent.mkdir(parents=True)
+        (work / path).write_text("left behind")
+    (work / "volumes" / "v3").mkdir(parents=True)  # a node-local volume: kept
+    start_agent()
+    wait_for(lambda: portal.bodies("/heartbeat"))
+    assert not (work / "jobs" / "99").exists() and not (work / "scratch" / "99").exists()
+    assert (work / "volumes" / "v3").is_dir()

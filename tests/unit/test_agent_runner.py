@@ -183,26 +183,34 @@ def test_the_process_really_gets_that_env_and_cwd(runner: Runner, tmp_path: Path
         command='echo "$CUDA_VISIBLE_DEVICES|$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE|$SHARD_INDEX|$NODE_TOKEN|$PWD|$CHECKPOINT_DIR"',
         gpu_uuids=[UUID_B],
         share_milli=333,
-        env={"SHARD_INDEX": "2"},
-        checkpoint_dir="ckpt/12",
+        env={"SHARD_INDEX": "2", "CHECKPOINT_DIR": "/root"},  # a host path: dropped
+        project_id=3,
+        volumes=[{"id": 0, "name": "ckpt", "kind": "scratch", "mount_path": "/data/ckpt"}],
+        checkpoint={"volume": "ckpt", "path": "runs/12"},
     )
-    body = run_to_end(runner, a)
-    assert body["exit_code"] == 0
+    runner.start(a)
+    wait_for(lambda: bool(logs_of(runner, "stdout")), 5.0, 0.02, between=runner.poll)
     devices, pct, shard, token, cwd, ckpt = logs_of(runner, "stdout").strip().split("|")
     assert (devices, pct, shard, token) == (UUID_B, "33", "2", "")
     assert Path(cwd) == runner.workdir / "jobs" / "12"
-    assert Path(ckpt) == runner.workdir / "checkpoints" / "ckpt" / "12" and Path(ckpt).is_dir()
+    # the process runtime: the checkpoint at its host path, inside the job's scratch volume
+    assert Path(ckpt) == runner.workdir / "scratch" / "12" / "ckpt" / "runs" / "12"
+    wait_for(lambda: not runner.jobs, 5.0, 0.02, between=runner.poll)
+    (exited,) = messages(runner, "exited")
+    assert exited.body["exit_code"] == 0
+    # the job ended here: its workspace and its scratch are given back
+    assert not (runner.workdir / "jobs" / "12").exists()
+    assert not (runner.workdir / "scratch" / "12").exists()
 
 
 def test_a_job_that_cannot_start_is_reported(runner: Runner, tmp_path: Path) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    job = runner.start(assignment(command="true", working_dir=str(blocker / "sub")))
+    job = runner.start(assignment(command="true", working_dir="/work/../etc"))
     assert job.finished and not runner.jobs
     (exited,) = runner.outbox
     assert exited.kind == "exited"
     assert exited.body["reason"] == "failed_to_start"
-    assert exited.body["exit_code"] is None and exited.body["message"]
+    assert exited.body["exit_code"] is None
+    assert "working_dir '/work/../etc' is not a usable path" in exited.body["message"]
 
 
 def test_forget_stops_the_attempt_and_reports_nothing_more(runner: Runner) -> None:
@@ -246,7 +254,7 @@ def test_assignment_parsing_rejects_garbage() -> None:
             "share_milli": 500,
             "gpu_memory_limit_mib": None,
             "working_dir": None,
-            "checkpoint_dir": None,
+            "checkpoint_dir": "/root",  # an old portal's host path: not even read
             "grace_seconds": 45,
         }
     )

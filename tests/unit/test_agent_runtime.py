@@ -24,8 +24,9 @@ import pytest
 from agent.config import Config
 from agent.runner import Assignment, Runner, agent_source_root
 from agent.runtime import ContainerRuntime, LaunchError, ProcessRuntime, job_uid, jobnet
-from agent.runtime.base import JOB_UID_RANGE, JobUids, prepare_dir
+from agent.runtime.base import JOB_UID_RANGE, JobUids
 from agent.runtime.mps import MpsControl, MpsError
+from agent.storage import Storage, StorageError
 from tests import polling
 
 IMAGE = os.environ.get("RUNTIME_TEST_IMAGE", "")
@@ -194,7 +195,9 @@ def test_a_job_dir_left_under_another_job_uid_is_handed_over_but_nothing_linked_
     tmp_path: Path,
 ) -> None:
     base = 200_000
-    folder = tmp_path / "ckpt"
+    storage = Storage(tmp_path / "work")
+    storage.ensure_layout()
+    folder = tmp_path / "work" / "jobs" / "5"  # an earlier attempt's workspace, under base+5
     (folder / "sub").mkdir(parents=True)
     os.chown(folder, base + 5, base + 5)
     for path in (folder / "sub", folder / "sub" / "model.pt"):
@@ -206,18 +209,19 @@ def test_a_job_dir_left_under_another_job_uid_is_handed_over_but_nothing_linked_
     os.link(outside, folder / "link")  # a hard link to a file the job does not own
     (folder / "sym").symlink_to(outside)
     os.lchown(folder / "sym", base + 5, base + 5)
-    prepare_dir(folder, base + 6, uid_base=base)
+    storage.plan(assignment(5)).prepare(base + 6, job_uids=range(base, base + JOB_UID_RANGE))
     assert folder.stat().st_uid == base + 6
     assert (folder / "sub").stat().st_uid == base + 6
     assert (folder / "sub" / "model.pt").stat().st_uid == base + 6
     assert (folder / "sym").lstat().st_uid == base + 6  # the link itself, not followed
     assert outside.stat().st_uid == 0
-    # A directory not left by a job uid (the agent's own, root's) keeps its contents' owners.
-    plain = tmp_path / "plain"
+    # A workspace not left by a job uid (root's) is not the job's: refused, nothing chowned.
+    plain = tmp_path / "work" / "jobs" / "6"
     plain.mkdir()
     (plain / "f").write_text("x")
-    prepare_dir(plain, base + 6, uid_base=base)
-    assert (plain / "f").stat().st_uid == 0
+    with pytest.raises(StorageError, match="is not the job's"):
+        storage.plan(assignment(6)).prepare(base + 6, job_uids=range(base, base + JOB_UID_RANGE))
+    assert plain.stat().st_uid == 0 and (plain / "f").stat().st_uid == 0
 
 
 @needs_root
@@ -234,14 +238,16 @@ def test_both_ways_of_switching_uid_give_the_same_fence(
     if not setpriv:
         monkeypatch.setattr(runner_module, "SETPRIV", None)
     runner = make_runner(workdir, ProcessRuntime(uid_base=200_000))
-    runner.start(assignment(11, "id -u; id -g; id -G; umask; touch made; ls -ln made"))
+    runner.start(
+        assignment(11, "id -u; id -g; id -G; umask; touch made; ls -ln made; stat -c %a made")
+    )
     wait_for(lambda: 11 in exits(runner), runner)
     uid = str(job_uid(11, 200_000))
     lines = output(runner, 11).splitlines()
     assert lines[:4] == [uid, uid, uid, "0077"]
     owner, group = lines[4].split()[2:4]
     assert (owner, group) == (uid, uid)
-    assert stat.S_IMODE((workdir / "jobs" / "11" / "made").stat().st_mode) == 0o600
+    assert lines[5] == "600"
 
 
 @needs_root
@@ -282,12 +288,18 @@ POLLS_THE_SIGNAL_FILE = (
     'echo step-7 > "$CHECKPOINT_DIR/ckpt"; echo checkpointed; exit 0'
 )
 STALE_OR_CLEAN = 'test -e "$CHECKPOINT_DIR/stop-requested.json" && echo stale || echo clean'
+# The checkpoint in a node-local volume of project 1 (its jobs share the volume's group).
+CHECKPOINT_VOLUME: dict[str, Any] = {
+    "project_id": 1,
+    "volumes": [{"id": 40, "name": "ckpt", "kind": "node_local", "mount_path": "/data/ckpt"}],
+    "checkpoint": {"volume": "ckpt", "path": "runs/a"},
+}
 
 
 def sees_the_checkpoint_signal_file(runner: Runner, job_id: int) -> None:
     """The agent writes the file (why, by when) before its SIGTERM; the workload sees it,
     checkpoints and exits within the grace; the next attempt starts without it."""
-    a = assignment(job_id, POLLS_THE_SIGNAL_FILE, checkpoint_dir=f"ck/{job_id}", grace_seconds=30)
+    a = assignment(job_id, POLLS_THE_SIGNAL_FILE, grace_seconds=30, **CHECKPOINT_VOLUME)
     runner.start(a)
     wait_for(lambda: "up" in output(runner, job_id), runner, timeout=60)
     before = time.time()
@@ -304,7 +316,7 @@ def sees_the_checkpoint_signal_file(runner: Runner, job_id: int) -> None:
     assert "checkpointed" in text
     host_dir = runner.checkpoint_dir(a)
     assert host_dir is not None and (host_dir / "ckpt").read_text() == "step-7\n"
-    runner.start(assignment(job_id, STALE_OR_CLEAN, checkpoint_dir=f"ck/{job_id}", attempt=2))
+    runner.start(assignment(job_id, STALE_OR_CLEAN, attempt=2, **CHECKPOINT_VOLUME))
     wait_for(lambda: output(runner, job_id).endswith(("clean\n", "stale\n")), runner, timeout=60)
     assert output(runner, job_id).endswith("clean\n")
 
@@ -397,8 +409,7 @@ def test_a_container_job_is_fenced_by_its_flags(containers: Runner) -> None:
     assert isinstance(runtime, ContainerRuntime)
     runtime.gpu_devices = True  # as on a real GPU host: the launch only builds the command
     a = assignment(5, "true", env={"SECRET": "s3cr3t"}, gpu_uuids=[UUID], memory_mib=256)
-    job_dir = containers.working_dir(a)
-    launch = runtime.launch(a, cwd=job_dir, checkpoint=None, env=containers.job_env(a))
+    launch = runtime.launch(a, plan=containers.storage.plan(a), env=containers.job_env(a))
     try:
         argv = launch.argv
         for flag in ("--network=none", "--cap-drop=all", "--security-opt=no-new-privileges"):
@@ -408,6 +419,9 @@ def test_a_container_job_is_fenced_by_its_flags(containers: Runner) -> None:
         assert "--pids-limit=4096" in argv and "--pull=never" in argv
         assert not any("s3cr3t" in arg for arg in argv)  # env values are not in ps
         env_file = Path(launch.extra["env_file"])
+        assert env_file.parent == containers.workdir / "run"  # the agent's alone
+        assert stat.S_IMODE(env_file.parent.stat().st_mode) == 0o700
+        assert env_file.parent.stat().st_uid == os.geteuid()
         assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
         assert "SECRET=s3cr3t" in env_file.read_text()
         assert not set(launch.env) & {"SECRET", *AGENT_SECRETS}  # Podman's own env
@@ -423,7 +437,7 @@ def test_a_container_gets_the_shared_memory_its_job_asked_for(containers: Runner
     assert isinstance(runtime, ContainerRuntime)
     plain = assignment(11, "true")
     launch = runtime.launch(
-        plain, cwd=containers.working_dir(plain), checkpoint=None, env=containers.job_env(plain)
+        plain, plan=containers.storage.plan(plain), env=containers.job_env(plain)
     )
     runtime.cleanup(launch)
     assert not any(arg.startswith("--shm-size") for arg in launch.argv)  # the engine's default
@@ -518,9 +532,7 @@ def test_a_gang_member_gets_the_nodes_network_only_behind_the_fence(containers: 
     alone = assignment(22, "true", env={**GANG_ENV, "NNODES": "1", "NODE_RANK": "0"})
 
     def launch(a: Assignment) -> list[str]:
-        started = runtime.launch(
-            a, cwd=containers.working_dir(a), checkpoint=None, env=containers.job_env(a)
-        )
+        started = runtime.launch(a, plan=containers.storage.plan(a), env=containers.job_env(a))
         runtime.cleanup(started)
         return started.argv
 
@@ -807,9 +819,8 @@ def test_a_direct_program_reports_as_through_the_shell(workdir: Path) -> None:
         45: ("env", "{ env; }"),
     }
     for job_id, (direct, shell) in pairs.items():
-        # the same working directory for both, so PWD compares too
-        a = runner.start(assignment(job_id, direct, working_dir="shared", env={"X": "1"}))
-        b = runner.start(assignment(job_id + 1, shell, working_dir="shared", env={"X": "1"}))
+        a = runner.start(assignment(job_id, direct, env={"X": "1"}))
+        b = runner.start(assignment(job_id + 1, shell, env={"X": "1"}))
         assert a.launch is not None and a.launch.argv == direct.split()
         assert b.launch is not None and b.launch.argv[:2] == ["/bin/sh", "-c"]
     wait_for(lambda: len(exits(runner)) == 2 * len(pairs), runner)
@@ -817,9 +828,14 @@ def test_a_direct_program_reports_as_through_the_shell(workdir: Path) -> None:
         direct_body, shell_body = exits(runner)[job_id], exits(runner)[job_id + 1]
         assert {**direct_body, "attempt": 0} == {**shell_body, "attempt": 0}
         direct_out, shell_out = output(runner, job_id), output(runner, job_id + 1)
-        if job_id == 45:
-            assert sorted(direct_out.splitlines()) == sorted(shell_out.splitlines())
-            assert f"PWD={os.path.realpath(workdir)}/jobs/shared" in direct_out.splitlines()
+        if job_id == 45:  # each in its own workspace: PWD names it, the rest is the same
+            pwd = f"PWD={os.path.realpath(workdir)}/jobs/{job_id}"
+            assert pwd in direct_out.splitlines()
+            assert f"PWD={os.path.realpath(workdir)}/jobs/{job_id + 1}" in shell_out.splitlines()
+            rest = sorted(line for line in direct_out.splitlines() if not line.startswith("PWD="))
+            assert rest == sorted(
+                line for line in shell_out.splitlines() if not line.startswith("PWD=")
+            )
         else:
             assert direct_out == shell_out
     assert exits(runner)[41]["exit_code"] == 2 and exits(runner)[43]["exit_code"] == 0
