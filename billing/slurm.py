@@ -214,7 +214,7 @@ class _Known:
             .values_list("pk", "node_id", "model_id")
         ):
             gpus_of[node_id].append((pk, model_id))
-        jobs = {
+        jobs: dict[int, tuple[bool, int | None]] = {
             pk: (borrowed, gpu_model_id)
             for pk, borrowed, gpu_model_id in Job.objects.filter(
                 AnyOf(F("pk"), job_ids)
@@ -245,8 +245,11 @@ def _changed_allocations(
     run: Run, written: Iterable[_Open]
 ) -> list[tuple[int, datetime, datetime | None, str]]:
     """A run the sync saw: its open allocations whose start or end Slurm now reports otherwise."""
+    start = run.start
+    if start is None:  # never ran: the caller left it out already
+        return []
     return [
-        (a.pk, run.start, run.end, a.end_reason or ("completed" if run.end else ""))
+        (a.pk, start, run.end, a.end_reason or ("completed" if run.end else ""))
         for a in written
         if a.started_at != run.start or a.ended_at != run.end
     ]
