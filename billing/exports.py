@@ -332,6 +332,11 @@ class _FocusContext:
         line: InvoiceLine | None = None,
         corrects: str = "",
     ) -> list[Any]:
+        """One FOCUS row: a value for each of FOCUS_COLUMNS, in their order.
+
+        Not cut into steps: the list is one entry per FOCUS column in the column order, read
+        side by side with FOCUS_COLUMNS; split in parts, a column's value would no longer sit at
+        its column's place."""
         return [
             "",
             billed,

@@ -406,14 +406,28 @@ def usage_summary(
         project=project, period_start=period_start, budget=budget_of(project=project)
     )
     records = UsageRecord.objects.filter(project=project, period_start=period_start)
-    billable = Q(fault_credit=False)
+    _summary_by_model(summary, records)
+    _summary_by_job(summary, records, start=start, end=end, now=now, jobs=jobs)
+    _summary_by_day(summary, records)
+    summary.metered = pricing.to_cents(summary.metered)
+    summary.credited = pricing.to_cents(summary.credited)
+    if start <= now < end:
+        _summary_running_month(summary, start=start, end=end, now=now)
+    return summary
+
+
+_BILLABLE = Q(fault_credit=False)
+
+
+def _summary_by_model(summary: UsageSummary, records: QuerySet[UsageRecord]) -> None:
+    """GPU-hours and cost by model and tier; the month's metered and credited totals."""
     for row in (
         records.values("gpu_model__name", "tier")
         .annotate(
             ms=Sum("milli_seconds"),
             cov=Sum("covered_milli_seconds"),
-            cost=Sum("amount", filter=billable),
-            credited_cost=Sum("amount", filter=~billable),
+            cost=Sum("amount", filter=_BILLABLE),
+            credited_cost=Sum("amount", filter=~_BILLABLE),
         )
         .order_by("gpu_model__name", "tier")
     ):
@@ -429,12 +443,24 @@ def usage_summary(
         )
         summary.metered += row["cost"] or ZERO
         summary.credited += row["credited_cost"] or ZERO
+
+
+def _summary_by_job(
+    summary: UsageSummary,
+    records: QuerySet[UsageRecord],
+    *,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    jobs: int,
+) -> None:
+    """The `jobs` costliest jobs, each with its cost as every page shows it (`jobs_cost`: the
+    open hour included)."""
     job_rows = list(
         records.values("job_id", "job__name")
-        .annotate(ms=Sum("milli_seconds"), cost=Sum("amount", filter=billable))
+        .annotate(ms=Sum("milli_seconds"), cost=Sum("amount", filter=_BILLABLE))
         .order_by("-cost", "job_id")[:jobs]
     )
-    # the job's cost as every page shows it (`jobs_cost`: the open hour included)
     costs = jobs_cost([r["job_id"] for r in job_rows], since=start, until=end, now=now)
     for job_row in job_rows:
         summary.by_job.append(
@@ -445,10 +471,14 @@ def usage_summary(
                 amount=costs[job_row["job_id"]],
             )
         )
+
+
+def _summary_by_day(summary: UsageSummary, records: QuerySet[UsageRecord]) -> None:
+    """GPU-hours and cost by UTC day."""
     for day_row in (
         records.annotate(day=TruncDate("slice_start", tzinfo=UTC))
         .values("day")
-        .annotate(ms=Sum("milli_seconds"), cost=Sum("amount", filter=billable))
+        .annotate(ms=Sum("milli_seconds"), cost=Sum("amount", filter=_BILLABLE))
         .order_by("day")
     ):
         summary.by_day.append(
@@ -458,37 +488,39 @@ def usage_summary(
                 amount=pricing.to_cents(day_row["cost"] or ZERO),
             )
         )
-    summary.metered = pricing.to_cents(summary.metered)
-    summary.credited = pricing.to_cents(summary.credited)
-    if start <= now < end:
-        summary.running_month = True
-        allocs = Allocation.objects.filter(job__project=project, started_at__lt=now).exclude(
-            ended_at__lt=start
-        )
-        open_rows = _open_usage(allocs, since=start, now=now)
-        summary.open_estimate = pricing.to_cents(pricing.sum_amounts(a for _, a, _ in open_rows))
-        table = PriceTable.load()
-        burn = sum(
-            (
-                shares_cost_per_hour(
-                    shares=[(alloc.gpu_model, alloc.billed_share())],
-                    preemptible=alloc.job.preemptible or alloc.borrowed,
-                    table=table,
-                    now=now,
-                )
-                for alloc in allocs.filter(ended_at__isnull=True).select_related(
-                    "job", "gpu", "gpu_model"
-                )
-            ),
-            ZERO,
-        )
-        summary.burn_per_hour = pricing.to_cents(burn)
-        summary.forecast = pricing.forecast_month(
-            to_date=summary.to_date,
-            elapsed_seconds=int((now - start).total_seconds()),
-            month_seconds=int((end - start).total_seconds()),
-        )
-    return summary
+
+
+def _summary_running_month(
+    summary: UsageSummary, *, start: datetime, end: datetime, now: datetime
+) -> None:
+    """While the month runs: the open hour's estimate, the burn rate, the month's forecast."""
+    summary.running_month = True
+    allocs = Allocation.objects.filter(job__project=summary.project, started_at__lt=now).exclude(
+        ended_at__lt=start
+    )
+    open_rows = _open_usage(allocs, since=start, now=now)
+    summary.open_estimate = pricing.to_cents(pricing.sum_amounts(a for _, a, _ in open_rows))
+    table = PriceTable.load()
+    burn = sum(
+        (
+            shares_cost_per_hour(
+                shares=[(alloc.gpu_model, alloc.billed_share())],
+                preemptible=alloc.job.preemptible or alloc.borrowed,
+                table=table,
+                now=now,
+            )
+            for alloc in allocs.filter(ended_at__isnull=True).select_related(
+                "job", "gpu", "gpu_model"
+            )
+        ),
+        ZERO,
+    )
+    summary.burn_per_hour = pricing.to_cents(burn)
+    summary.forecast = pricing.forecast_month(
+        to_date=summary.to_date,
+        elapsed_seconds=int((now - start).total_seconds()),
+        month_seconds=int((end - start).total_seconds()),
+    )
 
 
 def usage_records_for_export(*, project: Project, period_start: date) -> QuerySet[UsageRecord]:

@@ -16,12 +16,13 @@ directly (no portal job) are counted and left out: the ledger bills portal jobs.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from billing.services import MeterResult, usage_meter
@@ -135,99 +136,160 @@ def write_runs(pool: Pool, runs: list[Run], *, now: datetime | None = None) -> M
     Set-based (`bench.slurm_metering`): a fixed number of statements for any number of runs,
     each id list one array parameter; allocations are written as plain rows."""
     now = now or timezone.now()
-    cfg: SlurmPool = pool.slurm
     result = MeteringResult(runs=len(runs))
-    links = dict(
-        SlurmJob.objects.filter(pool=pool)
-        .filter(AnyOf(F("slurm_job_id"), sorted({r.key for r in runs})))
-        .values_list("slurm_job_id", "job_id")
-    )
-    job_ids = sorted(set(links.values()))
-    by_type = {str(v): k for k, v in cfg.gpu_types.items()}
-    models = dict(GpuModel.objects.filter(name__in=list(cfg.gpu_types)).values_list("name", "pk"))
-    nodes = dict(
-        Node.objects.filter(pool=pool, provider=Node.Provider.SLURM).values_list("name", "pk")
-    )
-    gpus_of: dict[int, list[tuple[int, int]]] = defaultdict(list)  # node → (gpu pk, model pk)
-    for pk, node_id, model_id in (
-        Gpu.objects.filter(node_id__in=nodes.values())
-        .order_by("node_id", "index")
-        .values_list("pk", "node_id", "model_id")
-    ):
-        gpus_of[node_id].append((pk, model_id))
-    model_of = {g: m for gs in gpus_of.values() for g, m in gs}
-    jobs = {
-        pk: (borrowed, gpu_model_id)
-        for pk, borrowed, gpu_model_id in Job.objects.filter(AnyOf(F("pk"), job_ids)).values_list(
-            "pk", "borrowed", "gpu_model_id"
-        )
-    }
-    allocations = Allocation.objects.filter(AnyOf(F("job_id"), job_ids))
-    held = set(allocations.values_list("job_id", "attempt").distinct())
-    open_runs: dict[tuple[int, int], list[_Open]] = defaultdict(list)
-    for row in allocations.filter(Q(meter__isnull=True) | Q(meter__done=False)).values_list(
-        "pk", "job_id", "attempt", "started_at", "ended_at", "end_reason"
-    ):
-        a = _Open._make(row)
-        open_runs[(a.job_id, a.attempt)].append(a)
-    create: list[tuple[Any, ...]] = []
-    update: list[tuple[int, datetime, datetime | None, str]] = []
+    known = _Known.read(pool, runs)
+    rows = _Rows()
     for run in runs:
-        job_id = links.get(run.key)
+        job_id = known.links.get(run.key)
         if job_id is None:
             result.not_ours += 1
             continue
         result.ours += 1
         if run.start is None or run.gpu_count == 0:
             continue  # never ran, or held no GPU: nothing to bill
-        borrowed, job_model = jobs[job_id]
-        if (job_id, run.attempt) in held:
-            for a in open_runs.get((job_id, run.attempt), ()):
-                if a.started_at != run.start or a.ended_at != run.end:
-                    reason = a.end_reason or ("completed" if run.end else "")
-                    update.append((a.pk, run.start, run.end, reason))
-            continue
-        # the sync never saw this run: its GPUs are the first of each node (sacct does not
-        # name GPU indexes; only the count and the model matter to the ledger)
-        node_ids = [nodes[n] for n in (mirror_name(pool, x) for x in run.nodes) if n in nodes]
-        if not node_ids:
-            continue
-        wanted: list[tuple[int, int]] = []
-        for kind, count in sorted(run.gpus.items()):
-            if not kind and len(run.gpus) > 1:
-                continue  # the untyped total repeats the typed counts
-            model_pk = models.get(by_type.get(kind, "")) if kind else job_model
-            per_node = max(1, count // len(node_ids))
-            for node_id in node_ids:
-                free = [g for g in gpus_of[node_id] if model_pk is None or g[1] == model_pk]
-                wanted.extend((node_id, g[0]) for g in free[:per_node])
-        for node_id, gpu_pk in wanted:
-            create.append(
-                (
-                    job_id,
-                    gpu_pk,
-                    node_id,
-                    run.attempt,
-                    1000,  # share_milli: a whole GPU
-                    0,  # memory_mib: the whole GPU's
-                    1000,  # billed_milli: a whole GPU
-                    model_of[gpu_pk],
-                    borrowed,
-                    run.start,
-                    run.end,
-                    "completed" if run.end else "",
-                )
+        if (job_id, run.attempt) in known.held:
+            rows.update.extend(
+                _changed_allocations(run, known.open_runs.get((job_id, run.attempt), ()))
             )
+            continue
+        rows.create.extend(_new_allocations(pool, run, job_id, known))
     with transaction.atomic():
         result.allocations_created = insert_rows(
-            Allocation, Allocation.WRITTEN_FIELDS, create, ignore_conflicts=True
+            Allocation, Allocation.WRITTEN_FIELDS, rows.create, ignore_conflicts=True
         )
         result.allocations_updated = bulk_update_rows(
-            Allocation, ["started_at", "ended_at", "end_reason"], update
+            Allocation, ["started_at", "ended_at", "end_reason"], rows.update
         )
-    ids = list(allocations.values_list("pk", flat=True))
+    ids = list(known.allocations.values_list("pk", flat=True))
     result.meter = usage_meter(now=now, allocation_ids=ids) if ids else MeterResult(0, 0, 0)
     return result
+
+
+@dataclass
+class _Rows:
+    """The allocations to create and those to correct (pk, start, end, end reason)."""
+
+    create: list[tuple[Any, ...]] = field(default_factory=list)
+    update: list[tuple[int, datetime, datetime | None, str]] = field(default_factory=list)
+
+
+@dataclass
+class _Known:
+    """What the runs are compared with: our jobs behind them, the pool's mirrored nodes and
+    GPUs, and the allocations already written for those jobs."""
+
+    links: dict[str, int]  # Slurm job id → our job
+    by_type: dict[str, str]  # Slurm GPU type → GPU model name
+    models: dict[str, int]  # GPU model name → pk
+    nodes: dict[str, int]  # mirrored node name → pk
+    gpus_of: dict[int, list[tuple[int, int]]]  # node → (gpu pk, model pk)
+    jobs: dict[int, tuple[bool, int | None]]  # our job → (borrowed, its GPU model)
+    allocations: QuerySet[Allocation]
+    held: set[tuple[int, int]]  # (job, attempt) with allocations written
+    open_runs: dict[tuple[int, int], list[_Open]]
+    model_of: dict[int, int] = field(init=False)  # gpu pk → its model pk
+
+    def __post_init__(self) -> None:
+        self.model_of = {g: m for gs in self.gpus_of.values() for g, m in gs}
+
+    @classmethod
+    def read(cls, pool: Pool, runs: list[Run]) -> _Known:
+        cfg: SlurmPool = pool.slurm
+        links = dict(
+            SlurmJob.objects.filter(pool=pool)
+            .filter(AnyOf(F("slurm_job_id"), sorted({r.key for r in runs})))
+            .values_list("slurm_job_id", "job_id")
+        )
+        job_ids = sorted(set(links.values()))
+        models = dict(
+            GpuModel.objects.filter(name__in=list(cfg.gpu_types)).values_list("name", "pk")
+        )
+        nodes = dict(
+            Node.objects.filter(pool=pool, provider=Node.Provider.SLURM).values_list("name", "pk")
+        )
+        gpus_of: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for pk, node_id, model_id in (
+            Gpu.objects.filter(node_id__in=nodes.values())
+            .order_by("node_id", "index")
+            .values_list("pk", "node_id", "model_id")
+        ):
+            gpus_of[node_id].append((pk, model_id))
+        jobs: dict[int, tuple[bool, int | None]] = {
+            pk: (borrowed, gpu_model_id)
+            for pk, borrowed, gpu_model_id in Job.objects.filter(
+                AnyOf(F("pk"), job_ids)
+            ).values_list("pk", "borrowed", "gpu_model_id")
+        }
+        allocations = Allocation.objects.filter(AnyOf(F("job_id"), job_ids))
+        held = set(allocations.values_list("job_id", "attempt").distinct())
+        open_runs: dict[tuple[int, int], list[_Open]] = defaultdict(list)
+        for row in allocations.filter(Q(meter__isnull=True) | Q(meter__done=False)).values_list(
+            "pk", "job_id", "attempt", "started_at", "ended_at", "end_reason"
+        ):
+            a = _Open._make(row)
+            open_runs[(a.job_id, a.attempt)].append(a)
+        return cls(
+            links=links,
+            by_type={str(v): k for k, v in cfg.gpu_types.items()},
+            models=models,
+            nodes=nodes,
+            gpus_of=gpus_of,
+            jobs=jobs,
+            allocations=allocations,
+            held=held,
+            open_runs=open_runs,
+        )
+
+
+def _changed_allocations(
+    run: Run, written: Iterable[_Open]
+) -> list[tuple[int, datetime, datetime | None, str]]:
+    """A run the sync saw: its open allocations whose start or end Slurm now reports otherwise."""
+    start = run.start
+    if start is None:  # never ran: the caller left it out already
+        return []
+    return [
+        (a.pk, start, run.end, a.end_reason or ("completed" if run.end else ""))
+        for a in written
+        if a.started_at != run.start or a.ended_at != run.end
+    ]
+
+
+def _new_allocations(pool: Pool, run: Run, job_id: int, known: _Known) -> list[tuple[Any, ...]]:
+    """A run the sync never saw: whole-GPU allocations on the first GPUs of each of its nodes
+    (sacct does not name GPU indexes; only the count and the model matter to the ledger)."""
+    node_ids = [
+        known.nodes[n] for n in (mirror_name(pool, x) for x in run.nodes) if n in known.nodes
+    ]
+    if not node_ids:
+        return []
+    borrowed, job_model = known.jobs[job_id]
+    wanted: list[tuple[int, int]] = []
+    for kind, count in sorted(run.gpus.items()):
+        if not kind and len(run.gpus) > 1:
+            continue  # the untyped total repeats the typed counts
+        model_pk = known.models.get(known.by_type.get(kind, "")) if kind else job_model
+        per_node = max(1, count // len(node_ids))
+        for node_id in node_ids:
+            free = [g for g in known.gpus_of[node_id] if model_pk is None or g[1] == model_pk]
+            wanted.extend((node_id, g[0]) for g in free[:per_node])
+    return [
+        (
+            job_id,
+            gpu_pk,
+            node_id,
+            run.attempt,
+            1000,  # share_milli: a whole GPU
+            0,  # memory_mib: the whole GPU's
+            1000,  # billed_milli: a whole GPU
+            known.model_of[gpu_pk],
+            borrowed,
+            run.start,
+            run.end,
+            "completed" if run.end else "",
+        )
+        for node_id, gpu_pk in wanted
+    ]
 
 
 def meter_day(pool: Pool, day: date, *, now: datetime | None = None) -> MeteringResult:

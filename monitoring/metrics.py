@@ -114,110 +114,135 @@ class PortalCollector(Collector):
         yield from families.values()
 
     def _portal(self) -> Iterator[GaugeMetricFamily]:
-        now = self.now
-        queue_jobs = GaugeMetricFamily(
-            "gpucloud_queue_jobs", "Jobs queued, by requested GPU model.", labels=["gpu_model"]
-        )
-        queue_gpus = GaugeMetricFamily(
-            "gpucloud_queue_gpus", "GPUs asked for by queued jobs.", labels=["gpu_model"]
-        )
-        wait_max = GaugeMetricFamily(
-            "gpucloud_queue_wait_seconds_max",
-            "Longest wait of a queued job.",
-            labels=["gpu_model"],
-        )
-        wait_avg = GaugeMetricFamily(
-            "gpucloud_queue_wait_seconds_avg", "Mean wait of queued jobs.", labels=["gpu_model"]
-        )
-        waits: dict[str, list[float]] = defaultdict(list)
-        gpus_asked: dict[str, float] = defaultdict(float)
-        for model, queued_at, created_at, gpus, nodes, per_node, milli in Job.objects.filter(
-            state=JobState.QUEUED
-        ).values_list(
-            "gpu_model__name",
-            "queued_at",
-            "created_at",
-            "gpus",
-            "nodes",
-            "gpus_per_node",
-            "gpu_milli",
-        ):
-            name = model or "any"
-            waits[name].append((now - (queued_at or created_at)).total_seconds())
-            gpus_asked[name] += gpu_demand_milli(gpus, nodes, per_node, milli) / MILLI
-        for name, values in sorted(waits.items()):
-            queue_jobs.add_metric([name], len(values))
-            queue_gpus.add_metric([name], gpus_asked[name])
-            wait_max.add_metric([name], max(values))
-            wait_avg.add_metric([name], sum(values) / len(values))
-        yield from (queue_jobs, queue_gpus, wait_max, wait_avg)
+        """The portal's own figures, family by family."""
+        yield from _queue_metrics(now=self.now)
+        yield from _allocation_metric()
+        yield from _capacity_metrics()
+        yield from _fragmentation_metric()
+        yield from _cycle_metrics()
+        yield from _alert_metric()
 
-        allocations = GaugeMetricFamily(
-            "gpucloud_allocations_active", "Active GPU allocations.", labels=["gpu_model"]
-        )
-        for model, n in (
-            Allocation.objects.filter(ended_at__isnull=True)
-            .values_list("gpu_model__name")
-            .annotate(n=Count("pk"))
-            .order_by("gpu_model__name")
-        ):
-            allocations.add_metric([model], n)
-        yield allocations
 
-        capacity = fleet.fleet_capacity(fleet.gpu_cells())
-        total = GaugeMetricFamily("gpucloud_gpus_total", "GPUs in the fleet.", labels=["gpu_model"])
-        free = GaugeMetricFamily(
-            "gpucloud_gpus_free", "Whole GPUs free on schedulable nodes.", labels=["gpu_model"]
-        )
-        ratio = GaugeMetricFamily(
-            "gpucloud_gpu_allocated_ratio",
-            "Allocated share of schedulable GPU capacity (0-1).",
-            labels=["gpu_model"],
-        )
-        gang = GaugeMetricFamily(
-            "gpucloud_largest_gang_gpus",
-            "GPUs of the largest gang job that fits now.",
-            labels=["gpu_model"],
-        )
-        for m in capacity.values():
-            total.add_metric([m.model], m.total_gpus)
-            free.add_metric([m.model], m.free_gpus)
-            ratio.add_metric([m.model], m.allocated_pct / 100)
-            gang.add_metric([m.model], m.largest_gang)
-        yield from (total, free, ratio, gang)
+def _queue_metrics(*, now: datetime) -> Iterator[GaugeMetricFamily]:
+    """Queued jobs and GPUs, and their waits, by requested GPU model."""
+    queue_jobs = GaugeMetricFamily(
+        "gpucloud_queue_jobs", "Jobs queued, by requested GPU model.", labels=["gpu_model"]
+    )
+    queue_gpus = GaugeMetricFamily(
+        "gpucloud_queue_gpus", "GPUs asked for by queued jobs.", labels=["gpu_model"]
+    )
+    wait_max = GaugeMetricFamily(
+        "gpucloud_queue_wait_seconds_max",
+        "Longest wait of a queued job.",
+        labels=["gpu_model"],
+    )
+    wait_avg = GaugeMetricFamily(
+        "gpucloud_queue_wait_seconds_avg", "Mean wait of queued jobs.", labels=["gpu_model"]
+    )
+    waits: dict[str, list[float]] = defaultdict(list)
+    gpus_asked: dict[str, float] = defaultdict(float)
+    for model, queued_at, created_at, gpus, nodes, per_node, milli in Job.objects.filter(
+        state=JobState.QUEUED
+    ).values_list(
+        "gpu_model__name",
+        "queued_at",
+        "created_at",
+        "gpus",
+        "nodes",
+        "gpus_per_node",
+        "gpu_milli",
+    ):
+        name = model or "any"
+        waits[name].append((now - (queued_at or created_at)).total_seconds())
+        gpus_asked[name] += gpu_demand_milli(gpus, nodes, per_node, milli) / MILLI
+    for name, values in sorted(waits.items()):
+        queue_jobs.add_metric([name], len(values))
+        queue_gpus.add_metric([name], gpus_asked[name])
+        wait_max.add_metric([name], max(values))
+        wait_avg.add_metric([name], sum(values) / len(values))
+    yield from (queue_jobs, queue_gpus, wait_max, wait_avg)
 
-        frag = GaugeMetricFamily(
-            "gpucloud_fragmentation_ratio",
-            "Fragmented share of idle GPU capacity (0-1), from the last fleet snapshot.",
-        )
-        snap = FleetSnapshot.objects.filter(model_name="").order_by("-at").first()
-        if snap is not None:
-            frag.add_metric([], snap.frag_ratio / 100)
-        yield frag
 
-        cycle = GaugeMetricFamily(
-            "gpucloud_scheduling_cycle_seconds", "Duration of the last scheduling cycle."
-        )
-        cycle_age = GaugeMetricFamily(
-            "gpucloud_scheduling_cycle_age_seconds", "Time since the last scheduling cycle ended."
-        )
-        last = cache.get(settings.MONITORING_CYCLE_CACHE_KEY)
-        if isinstance(last, dict) and "seconds" in last:
-            cycle.add_metric([], float(last["seconds"]))
-            if "at" in last:
-                cycle_age.add_metric([], max(0.0, time.time() - float(last["at"])))
-        yield from (cycle, cycle_age)
+def _allocation_metric() -> Iterator[GaugeMetricFamily]:
+    """Active allocations by GPU model."""
+    allocations = GaugeMetricFamily(
+        "gpucloud_allocations_active", "Active GPU allocations.", labels=["gpu_model"]
+    )
+    for model, n in (
+        Allocation.objects.filter(ended_at__isnull=True)
+        .values_list("gpu_model__name")
+        .annotate(n=Count("pk"))
+        .order_by("gpu_model__name")
+    ):
+        allocations.add_metric([model], n)
+    yield allocations
 
-        alerts = GaugeMetricFamily("gpucloud_alerts_open", "Open alerts.", labels=["rule"])
-        counts = dict(
-            Alert.objects.filter(resolved_at__isnull=True)
-            .values_list("rule")
-            .annotate(n=Count("pk"))
-            .order_by("rule")
-        )
-        for rule in Alert.Rule.values:
-            alerts.add_metric([rule], counts.get(rule, 0))
-        yield alerts
+
+def _capacity_metrics() -> Iterator[GaugeMetricFamily]:
+    """The fleet's GPUs: total, free, allocated share, largest gang that fits."""
+    capacity = fleet.fleet_capacity(fleet.gpu_cells())
+    total = GaugeMetricFamily("gpucloud_gpus_total", "GPUs in the fleet.", labels=["gpu_model"])
+    free = GaugeMetricFamily(
+        "gpucloud_gpus_free", "Whole GPUs free on schedulable nodes.", labels=["gpu_model"]
+    )
+    ratio = GaugeMetricFamily(
+        "gpucloud_gpu_allocated_ratio",
+        "Allocated share of schedulable GPU capacity (0-1).",
+        labels=["gpu_model"],
+    )
+    gang = GaugeMetricFamily(
+        "gpucloud_largest_gang_gpus",
+        "GPUs of the largest gang job that fits now.",
+        labels=["gpu_model"],
+    )
+    for m in capacity.values():
+        total.add_metric([m.model], m.total_gpus)
+        free.add_metric([m.model], m.free_gpus)
+        ratio.add_metric([m.model], m.allocated_pct / 100)
+        gang.add_metric([m.model], m.largest_gang)
+    yield from (total, free, ratio, gang)
+
+
+def _fragmentation_metric() -> Iterator[GaugeMetricFamily]:
+    """The fleet's fragmentation, from its last snapshot."""
+    frag = GaugeMetricFamily(
+        "gpucloud_fragmentation_ratio",
+        "Fragmented share of idle GPU capacity (0-1), from the last fleet snapshot.",
+    )
+    snap = FleetSnapshot.objects.filter(model_name="").order_by("-at").first()
+    if snap is not None:
+        frag.add_metric([], snap.frag_ratio / 100)
+    yield frag
+
+
+def _cycle_metrics() -> Iterator[GaugeMetricFamily]:
+    """The last scheduling cycle's duration and age."""
+    cycle = GaugeMetricFamily(
+        "gpucloud_scheduling_cycle_seconds", "Duration of the last scheduling cycle."
+    )
+    cycle_age = GaugeMetricFamily(
+        "gpucloud_scheduling_cycle_age_seconds", "Time since the last scheduling cycle ended."
+    )
+    last = cache.get(settings.MONITORING_CYCLE_CACHE_KEY)
+    if isinstance(last, dict) and "seconds" in last:
+        cycle.add_metric([], float(last["seconds"]))
+        if "at" in last:
+            cycle_age.add_metric([], max(0.0, time.time() - float(last["at"])))
+    yield from (cycle, cycle_age)
+
+
+def _alert_metric() -> Iterator[GaugeMetricFamily]:
+    """Open alerts by rule."""
+    alerts = GaugeMetricFamily("gpucloud_alerts_open", "Open alerts.", labels=["rule"])
+    counts = dict(
+        Alert.objects.filter(resolved_at__isnull=True)
+        .values_list("rule")
+        .annotate(n=Count("pk"))
+        .order_by("rule")
+    )
+    for rule in Alert.Rule.values:
+        alerts.add_metric([rule], counts.get(rule, 0))
+    yield alerts
 
 
 def metrics_allowed(request: HttpRequest) -> bool:

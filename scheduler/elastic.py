@@ -37,9 +37,10 @@ from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import Role, User
 from portal.services import require_role
-from scheduler import cycle_reads, gangs, ports
+from scheduler import gangs, ports
 from scheduler.core.model import billed_share_milli, gpu_capacity_milli
 from scheduler.core.planning.decisions import Resize
+from scheduler.cycle.reads import RESIZE_HOLDS
 from scheduler.models import Allocation, Gpu, Job, JobState, Node
 from scheduler.transitions import job_transition
 
@@ -66,7 +67,7 @@ def _held(resize: dict[str, Any]) -> list[Held]:
 def holds() -> dict[int, list[Held]]:
     """The GPUs held for grows in flight, by job (one read; usually no rows)."""
     out: dict[int, list[Held]] = defaultdict(list)
-    for row in cycle_reads.RESIZE_HOLDS.rows():
+    for row in RESIZE_HOLDS.rows():
         out[row.job_id] += _held(row.resize)
     return dict(out)
 

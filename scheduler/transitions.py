@@ -11,6 +11,7 @@ instructions against 26.3 compiled); measured by `bench.endpoint_cost`'s busy sy
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -187,6 +188,45 @@ def jobs_transition_bulk(
     if not rows:
         return 0
     now = now or timezone.now()
+    fields, extra = _bulk_fields(to, update_fields, now=now)
+    moves = _bulk_moves(rows, to, now=now, extra=extra)
+    moves.events = [
+        (
+            pk,
+            now,
+            current,
+            to,
+            None,
+            actor_label,
+            reasons.get(pk, "")[:500],
+            (data or {}).get(pk, {}),
+        )
+        for pk, current, *_ in rows
+    ]
+    updated = bulk_update_rows(Job, fields, moves.updates)
+    insert_rows(JobEvent, JOB_EVENT_FIELDS, moves.events)
+    job_notices_after_commit(
+        [(e[0], kind, e[6]) for e in moves.events if (kind := notice_kind(e[2], to)) is not None]
+    )
+    pairs = _nodes_of_moves(moves, nodes_of)
+    if moves.released:
+        Allocation.objects.filter(AnyOf(F("job_id"), moves.released), ended_at__isnull=True).update(
+            ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, "")
+        )
+    if pairs:
+        moved, changed = set(moves.on_nodes), {*moves.placed, *moves.released}
+        assignments_changed({node for job, node in pairs if job in moved})
+        if changed:
+            ports.allocations_changed(node_ids={node for job, node in pairs if job in changed})
+    jobs_changed([row[0] for row in rows], project_of=project_of)
+    return updated
+
+
+def _bulk_fields(
+    to: str, update_fields: Sequence[str], *, now: datetime
+) -> tuple[list[str], tuple[Any, ...]]:
+    """The columns a bulk move writes, and the values it adds after the caller's (`queued_at`;
+    a final state's `finished_at` and cleared wait fields, unless the caller writes them)."""
     fields = ["state", "updated_at", *update_fields]
     extra: tuple[Any, ...] = ()
     if to == S.QUEUED:
@@ -202,65 +242,59 @@ def jobs_transition_bulk(
         }
         fields += [f for f in final if f not in update_fields]
         extra = tuple(v for f, v in final.items() if f not in update_fields)
-    updates = []
-    events = []
-    placed = []  # jobs that now hold GPUs: their nodes' allocations changed
-    moved_on_nodes = []  # jobs whose move changes what their nodes run or stop
-    released = []  # jobs that leave their GPUs behind
+    return fields, extra
+
+
+@dataclass
+class _BulkMoves:
+    """A bulk move's rows to write, and the jobs whose nodes it concerns."""
+
+    updates: list[tuple[Any, ...]] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    placed: list[int] = field(
+        default_factory=list
+    )  # now hold GPUs: their nodes' allocations changed
+    on_nodes: list[int] = field(default_factory=list)  # change what their nodes run or stop
+    released: list[int] = field(default_factory=list)  # leave their GPUs behind
+
+
+def _bulk_moves(
+    rows: Sequence[tuple[Any, ...]], to: str, *, now: datetime, extra: tuple[Any, ...]
+) -> _BulkMoves:
+    """Each move checked against the transition table, with its job's row to write."""
+    moves = _BulkMoves()
     for pk, current, *values in rows:
         if not can_transition(current, to):
             raise Conflict(
                 f"Job {pk} is {current}; it cannot become {to}.", code="invalid_transition"
             )
         if current in HOLDS_GPUS and to not in HOLDS_GPUS:
-            released.append(pk)
-        updates.append((pk, to, now, *values, *extra))
-        events.append(
-            (
-                pk,
-                now,
-                current,
-                to,
-                None,
-                actor_label,
-                reasons.get(pk, "")[:500],
-                (data or {}).get(pk, {}),
-            )
-        )
+            moves.released.append(pk)
+        moves.updates.append((pk, to, now, *values, *extra))
         if changes_assignments(current, to):
-            moved_on_nodes.append(pk)
+            moves.on_nodes.append(pk)
         if current not in HOLDS_GPUS and to in HOLDS_GPUS:
-            placed.append(pk)
-    updated = bulk_update_rows(Job, fields, updates)
-    insert_rows(JobEvent, JOB_EVENT_FIELDS, events)
-    job_notices_after_commit(
-        [(e[0], kind, e[6]) for e in events if (kind := notice_kind(e[2], to)) is not None]
-    )
+            moves.placed.append(pk)
+    return moves
+
+
+def _nodes_of_moves(
+    moves: _BulkMoves, nodes_of: Mapping[int, Collection[int]] | None
+) -> list[tuple[int, int]]:
+    """(job, node) for the jobs whose nodes are told: from the caller, else one read of their
+    open allocations, only where some node or allocation listener needs them."""
+    concerned = {*moves.on_nodes, *moves.placed, *moves.released}
     if nodes_of is not None:
-        pairs = [
-            (job, node) for job in {*moved_on_nodes, *placed, *released} for node in nodes_of[job]
-        ]
-    elif moved_on_nodes or ((placed or released) and ports.ALLOCATION_LISTENERS):
+        return [(job, node) for job in concerned for node in nodes_of[job]]
+    if moves.on_nodes or ((moves.placed or moves.released) and ports.ALLOCATION_LISTENERS):
         # the caller created the placed jobs' allocations before this call
-        pairs = list(
+        return list(
             Allocation.objects.filter(
-                AnyOf(F("job_id"), [*{*moved_on_nodes, *placed, *released}]),
+                AnyOf(F("job_id"), [*concerned]),
                 ended_at__isnull=True,
             ).values_list("job_id", "node_id")
         )
-    else:
-        pairs = []
-    if released:
-        Allocation.objects.filter(AnyOf(F("job_id"), released), ended_at__isnull=True).update(
-            ended_at=now, end_reason=end_reason or END_REASON_FOR.get(to, "")
-        )
-    if pairs:
-        moved, changed = set(moved_on_nodes), {*placed, *released}
-        assignments_changed({node for job, node in pairs if job in moved})
-        if changed:
-            ports.allocations_changed(node_ids={node for job, node in pairs if job in changed})
-    jobs_changed([row[0] for row in rows], project_of=project_of)
-    return updated
+    return []
 
 
 def jobs_changed(job_ids: Sequence[int], *, project_of: Mapping[int, int] | None = None) -> None:

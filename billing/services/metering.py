@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import NamedTuple
@@ -189,68 +189,64 @@ def _meter_batch(
     now: datetime,
     touched: set[tuple[int, date]],
 ) -> MeterResult:
+    """One batch in named steps: slice each allocation into usage rows and its meter, leave
+    out of the fault credits the stops the customer's own cap caused, write the rows, credit
+    the faults. `touched` gains the (account, month)s whose coverage is to be worked out."""
     accounts = accounts_for_projects({a.project_id for a in batch})
-    # rows placed before the billed share was kept: the rule, on their GPU as it is now
-    legacy = {
+    slicer = _Slicer(table=table, horizon=horizon, now=now, legacy=_legacy_billed_shares(batch))
+    metered = _Metered()
+    for alloc in batch:
+        slicer.meter(alloc, account_id=accounts[alloc.project_id], into=metered)
+    faults = _faults_to_credit(metered)
+    _write_usage(metered, touched=touched)
+    _credit_faults(faults, accounts=accounts, touched=touched)
+    return MeterResult(len(batch), len(metered.records), len(faults))
+
+
+def _legacy_billed_shares(batch: list[_Meterable]) -> dict[int, int]:
+    """Rows placed before the billed share was kept: the rule, on their GPU as it is now."""
+    return {
         a.pk: a.billed_share()
         for a in Allocation.objects.filter(
             pk__in=[a.pk for a in batch if a.billed_milli is None]
         ).select_related("gpu")
     }
-    written_at = timezone.now()
-    rates: dict[tuple[int, bool], Decimal] = {}
-    records: list[_UsageRow] = []
-    meters: list[tuple[int, datetime, bool, bool]] = []
-    credit: list[_Meterable] = []
-    preempted: list[_Meterable] = []
-    for alloc in batch:
+
+
+@dataclass
+class _Metered:
+    """A batch's usage rows and meters, and the allocations whose fault may be credited."""
+
+    records: list[_UsageRow] = field(default_factory=list)
+    meters: list[tuple[int, datetime, bool, bool]] = field(default_factory=list)
+    credit: list[_Meterable] = field(default_factory=list)
+    preempted: list[_Meterable] = field(default_factory=list)
+
+
+@dataclass
+class _Slicer:
+    """Slices allocations into usage rows at the hour and at each price change."""
+
+    table: PriceTable
+    horizon: datetime
+    now: datetime
+    legacy: dict[int, int]
+    written_at: datetime = field(default_factory=timezone.now)
+    rates: dict[tuple[int, bool], Decimal] = field(default_factory=dict)
+
+    def meter(self, alloc: _Meterable, *, account_id: int, into: _Metered) -> None:
+        """One allocation metered from where its meter stands to its end (or the last hour)."""
         start = pricing.floor_second(alloc.started_at)
-        if alloc.ended_at is not None and alloc.ended_at <= now:
+        if alloc.ended_at is not None and alloc.ended_at <= self.now:
             end, done = max(start, pricing.floor_second(alloc.ended_at)), True
         else:
-            end, done = max(start, horizon), False
+            end, done = max(start, self.horizon), False
         metered = alloc.metered_until
         begin = max(start, metered) if metered is not None else start
         preemptible = alloc.preemptible or alloc.borrowed
-        tier = (Tier.PREEMPTIBLE if preemptible else Tier.ON_DEMAND).value
-        billed = alloc.billed_milli if alloc.billed_milli is not None else legacy[alloc.pk]
-        account_id = accounts[alloc.project_id]
-        cuts = table.changes_within(alloc.gpu_model_id, begin, end)
-        for left, right in pricing.slice_interval(begin, end, cuts):
-            version = table.at(alloc.gpu_model_id, left)
-            if version is None:  # unreachable after price_list_seed; never bill a guess
-                raise DomainError(f"No price for GPU model {alloc.gpu_model_id} at {left}.")
-            rate = rates.get((version.pk, preemptible))
-            if rate is None:
-                rate = rates[(version.pk, preemptible)] = version.rate(preemptible=preemptible)
-            seconds = int((right - left).total_seconds())
-            milli_seconds = seconds * billed
-            gross = pricing.usage_amount(milli_seconds, rate)
-            records.append(
-                _UsageRow(
-                    allocation=alloc.pk,
-                    job=alloc.job_id,
-                    project=alloc.project_id,
-                    account=account_id,
-                    gpu_model=alloc.gpu_model_id,
-                    price_version=version.pk,
-                    period_start=period_of(left),
-                    slice_start=left,
-                    slice_end=right,
-                    seconds=seconds,
-                    share_milli=alloc.share_milli,
-                    billed_milli=billed,
-                    milli_seconds=milli_seconds,
-                    covered_milli_seconds=0,  # coverage is worked out after the batch
-                    tier=tier,
-                    rate=rate,
-                    gross_amount=gross,
-                    amount=gross,
-                    fault_credit=False,  # the fault policy marks it below
-                    created_at=written_at,
-                    invoice=None,
-                )
-            )
+        into.records.extend(
+            self.usage_rows(alloc, begin, end, preemptible=preemptible, account_id=account_id)
+        )
         credited = done and pricing.fault_credited(
             end_reason=alloc.end_reason,
             preemptible=preemptible,
@@ -258,37 +254,100 @@ def _meter_batch(
             corroborated=alloc.fault_corroborated_at is not None,
         )
         if credited:
-            credit.append(alloc)
+            into.credit.append(alloc)
             if alloc.end_reason == Allocation.EndReason.PREEMPTED:
-                preempted.append(alloc)
-        meters.append((alloc.pk, max(begin, end), done, credited))
-    # the customer's cap, not a fault: one read for the batch's preempted allocations
+                into.preempted.append(alloc)
+        into.meters.append((alloc.pk, max(begin, end), done, credited))
+
+    def usage_rows(
+        self,
+        alloc: _Meterable,
+        begin: datetime,
+        end: datetime,
+        *,
+        preemptible: bool,
+        account_id: int,
+    ) -> Iterator[_UsageRow]:
+        """The usage rows of [begin, end): one per hour and price version."""
+        tier = (Tier.PREEMPTIBLE if preemptible else Tier.ON_DEMAND).value
+        billed = alloc.billed_milli if alloc.billed_milli is not None else self.legacy[alloc.pk]
+        cuts = self.table.changes_within(alloc.gpu_model_id, begin, end)
+        for left, right in pricing.slice_interval(begin, end, cuts):
+            version = self.table.at(alloc.gpu_model_id, left)
+            if version is None:  # unreachable after price_list_seed; never bill a guess
+                raise DomainError(f"No price for GPU model {alloc.gpu_model_id} at {left}.")
+            rate = self.rates.get((version.pk, preemptible))
+            if rate is None:
+                rate = self.rates[(version.pk, preemptible)] = version.rate(preemptible=preemptible)
+            seconds = int((right - left).total_seconds())
+            milli_seconds = seconds * billed
+            gross = pricing.usage_amount(milli_seconds, rate)
+            yield _UsageRow(
+                allocation=alloc.pk,
+                job=alloc.job_id,
+                project=alloc.project_id,
+                account=account_id,
+                gpu_model=alloc.gpu_model_id,
+                price_version=version.pk,
+                period_start=period_of(left),
+                slice_start=left,
+                slice_end=right,
+                seconds=seconds,
+                share_milli=alloc.share_milli,
+                billed_milli=billed,
+                milli_seconds=milli_seconds,
+                covered_milli_seconds=0,  # coverage is worked out after the batch
+                tier=tier,
+                rate=rate,
+                gross_amount=gross,
+                amount=gross,
+                fault_credit=False,  # the fault policy marks it below
+                created_at=self.written_at,
+                invoice=None,
+            )
+
+
+def _faults_to_credit(metered: _Metered) -> list[int]:
+    """The allocations whose fault is credited now: not those the customer's cap stopped
+    (one read for the batch's preempted allocations), nor those credited already."""
     capped = stopped_by_budget_cap_among(
-        [(a.pk, a.job_id, a.started_at, a.ended_at) for a in preempted]
+        [(a.pk, a.job_id, a.started_at, a.ended_at) for a in metered.preempted]
     )
     if capped:
-        meters = [(pk, until, done, ok and pk not in capped) for pk, until, done, ok in meters]
-    faults = [a.pk for a in credit if a.pk not in capped and not a.fault_credited]
-    pairs = {(r.account, r.period_start) for r in records}
+        metered.meters = [
+            (pk, until, done, ok and pk not in capped) for pk, until, done, ok in metered.meters
+        ]
+    return [a.pk for a in metered.credit if a.pk not in capped and not a.fault_credited]
+
+
+def _write_usage(metered: _Metered, *, touched: set[tuple[int, date]]) -> None:
+    """The usage rows in one insert, onto their open invoice pages, and the meters in one upsert."""
+    pairs = {(r.account, r.period_start) for r in metered.records}
     touched.update(pairs)
     pages = _open_pages(pairs)
     insert_rows(
         UsageRecord,
         USAGE_FIELDS,
-        [r._replace(invoice=pages[(r.account, r.period_start)]) for r in records],
+        [r._replace(invoice=pages[(r.account, r.period_start)]) for r in metered.records],
         ignore_conflicts=True,
     )
     insert_rows(
         AllocationMeter,
         METER_FIELDS,
-        meters,
+        metered.meters,
         update_conflicts=METER_FIELDS[1:],
         unique_fields=METER_FIELDS[:1],
     )
+
+
+def _credit_faults(
+    faults: list[int], *, accounts: dict[int, int], touched: set[tuple[int, date]]
+) -> None:
+    """Credit each fault; its months' coverage is worked out again (credited usage uses up no
+    reservation)."""
     for faulty in Allocation.objects.filter(pk__in=faults).select_related("job").order_by("pk"):
         account_id = accounts[faulty.job.project_id]
         usage_fault_credit(alloc=faulty, account_id=account_id)
-        # its months' coverage is worked out again: credited usage uses up no reservation
         touched.update(
             (account_id, period)
             for period in UsageRecord.objects.filter(
@@ -297,7 +356,6 @@ def _meter_batch(
             .values_list("period_start", flat=True)
             .distinct()
         )
-    return MeterResult(len(batch), len(records), len(faults))
 
 
 def _open_pages(pairs: set[tuple[int, date]]) -> dict[tuple[int, date], int]:

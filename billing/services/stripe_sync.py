@@ -191,9 +191,47 @@ def _amount_short(invoice: Invoice, obj: dict[str, Any]) -> str:
 
 
 def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: datetime) -> str:
+    """One invoice event, in named steps: find its invoice, see whether it moves it on, set the
+    new status, then the account's standing, the projects told and the audit event."""
     if not kind.startswith("invoice."):
         return "ignored: not an invoice event"
     obj = (event.get("data") or {}).get("object") or {}
+    invoice = _event_invoice(obj)
+    if invoice is None:
+        return "ignored: unknown invoice"
+    ignored = _ignored_because(kind, invoice)
+    if ignored:
+        return ignored
+    fields = ["stripe_state_at"]
+    invoice.stripe_state_at = max(invoice.stripe_state_at, created)
+    account = invoice.account
+    projects = list(Project.objects.filter(billing__account=account))
+    short = _amount_short(invoice, obj) if kind in PAID_EVENTS else ""
+    if short:
+        invoice.save(update_fields=fields)
+        audit_record(
+            actor=None,
+            action="billing.invoice.payment_short",
+            target=invoice,
+            data={"event": event.get("id"), "type": kind, "why": short},
+        )
+        return f"not paid: {short}"
+    outcome = _invoice_status_set(invoice, kind, fields, now=now)
+    invoice.save(update_fields=fields)
+    _account_payment_state(account, now=now)
+    _projects_told(invoice, outcome, projects)
+    if outcome != "recorded":
+        audit_record(
+            actor=None,
+            action=f"billing.invoice.{outcome.replace(' ', '_')}",
+            target=invoice,
+            data={"event": event.get("id"), "type": kind},
+        )
+    return outcome
+
+
+def _event_invoice(obj: dict[str, Any]) -> Invoice | None:
+    """The event's invoice, locked: by our ledger id in its metadata, else by Stripe's id."""
     ledger_id = str((obj.get("metadata") or {}).get("ledger_invoice_id", ""))
     qs = Invoice.objects.select_for_update().select_related("account")
     invoice = None
@@ -202,8 +240,11 @@ def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: da
         invoice = qs.filter(pk=invoice_pk).first()
     if invoice is None and obj.get("id"):
         invoice = qs.filter(stripe_invoice_id=str(obj["id"])).first()
-    if invoice is None:
-        return "ignored: unknown invoice"
+    return invoice
+
+
+def _ignored_because(kind: str, invoice: Invoice) -> str:
+    """Why the event leaves the invoice as it is ("" when it moves it on)."""
     if invoice.status in FINAL_STATUSES:
         return f"ignored: already {invoice.status}"
     rank = EVENT_RANK.get(kind)
@@ -211,46 +252,37 @@ def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: da
         return "ignored: not a state change"
     if rank < STATUS_RANK.get(invoice.status, 0):
         return f"ignored: the invoice is already {invoice.get_status_display().lower()}"
-    fields = ["stripe_state_at"]
-    invoice.stripe_state_at = max(invoice.stripe_state_at, created)
-    outcome = "recorded"
-    account = invoice.account
-    projects = list(Project.objects.filter(billing__account=account))
+    return ""
+
+
+def _invoice_status_set(invoice: Invoice, kind: str, fields: list[str], *, now: datetime) -> str:
+    """The invoice's new status for the event (its fields added to `fields`); the outcome."""
     if kind in PAID_EVENTS:
-        short = _amount_short(invoice, obj)
-        if short:
-            invoice.save(update_fields=fields)
-            audit_record(
-                actor=None,
-                action="billing.invoice.payment_short",
-                target=invoice,
-                data={"event": event.get("id"), "type": kind, "why": short},
-            )
-            return f"not paid: {short}"
         invoice.status, invoice.paid_at = Invoice.Status.PAID, now
         fields += ["status", "paid_at"]
-        outcome = "paid"
-    elif kind in FAILED_EVENTS:
+        return "paid"
+    if kind in FAILED_EVENTS:
         invoice.status = Invoice.Status.PAYMENT_FAILED
         invoice.payment_failed_at = invoice.payment_failed_at or now
         fields += ["status", "payment_failed_at"]
-        outcome = "payment failed"
-    elif kind in UNCOLLECTIBLE_EVENTS:
+        return "payment failed"
+    if kind in UNCOLLECTIBLE_EVENTS:
         # Not void: the money is still owed and the account stays blocked as a failed one.
         invoice.status = Invoice.Status.UNCOLLECTIBLE
         invoice.payment_failed_at = invoice.payment_failed_at or now
         fields += ["status", "payment_failed_at"]
-        outcome = "uncollectible"
-    elif kind in VOID_EVENTS:
+        return "uncollectible"
+    if kind in VOID_EVENTS:
         invoice.status = Invoice.Status.VOID
         fields += ["status"]
-        outcome = "void"
-    else:  # invoice.finalized
-        invoice.stripe_finalized = True
-        fields += ["stripe_finalized"]
-        outcome = "finalized"
-    invoice.save(update_fields=fields)
-    _account_payment_state(account, now=now)
+        return "void"
+    invoice.stripe_finalized = True  # invoice.finalized
+    fields += ["stripe_finalized"]
+    return "finalized"
+
+
+def _projects_told(invoice: Invoice, outcome: str, projects: list[Project]) -> None:
+    """A failed payment: a notification and an email to the owners; a payment: a notification."""
     if outcome == "payment failed":
         grace = settings.BILLING_PAYMENT_GRACE_DAYS
         message = (
@@ -273,14 +305,6 @@ def _apply_invoice_event(kind: str, event: dict[str, Any], created: int, now: da
                 level="info",
                 message=f"Invoice {invoice.number} (${invoice.total}) is paid. Thank you.",
             )
-    if outcome != "recorded":
-        audit_record(
-            actor=None,
-            action=f"billing.invoice.{outcome.replace(' ', '_')}",
-            target=invoice,
-            data={"event": event.get("id"), "type": kind},
-        )
-    return outcome
 
 
 BLOCKING_STATUSES = (Invoice.Status.PAYMENT_FAILED, Invoice.Status.UNCOLLECTIBLE)

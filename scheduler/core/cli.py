@@ -198,91 +198,101 @@ def main(
         return int(exc.code or 0)
     try:
         if args.command == "packing":
-            if args.tune <= 0 or args.batch < 1:
-                raise ValueError("--tune must be positive and --batch at least 1")
-            nodes = read_nodes(args.nodes)
-            pods = read_pods(args.pods)
-            rows: list[list[object]] = []
-            bar = _bar(args, err, unit="seeds")
-            interrupted = False
-            for n, seed in enumerate(args.seeds):
-                if bar:
-                    bar(n, len(args.seeds))
-                try:
-                    r = simulate_packing(
-                        nodes, pods, args.policy, seed, args.tune, trace_name(args.pods), args.batch
-                    )
-                except KeyboardInterrupt:
-                    interrupted = True
-                    break
-                rows.append(
-                    [
-                        r.trace,
-                        r.policy if args.batch == 1 else f"{r.policy}/batch{args.batch}",
-                        r.seed,
-                        r.alloc_at(100),
-                        r.alloc_at(130),
-                        r.frag_ratio_90,
-                        r.placed,
-                        r.failed,
-                        r.seconds,
-                    ]
-                )
-            if bar:
-                if not interrupted:
-                    bar(len(args.seeds), len(args.seeds))
-                bar.close()
-            write_table(rows, PACKING_COLUMNS, args.format, out)
-            if interrupted:
-                print(
-                    f"simulate: interrupted: {len(rows)} of {len(args.seeds)} seeds done; "
-                    "the rows above are those.",
-                    file=err,
-                )
-                return INTERRUPTED
-            return 0
-        jobs = read_jobs(args.jobs, args.cluster, args.limit)
-        bar = _bar(args, err, unit="jobs")
-        q = simulate_queue(
-            jobs,
-            args.gpus,
-            args.gpus_per_node,
-            args.policy,
-            args.scorer,
-            args.seed,
-            progress=bar,
-        )
-        if bar:
-            bar.close()
-        write_table(
-            [
-                [
-                    q.policy,
-                    q.jobs,
-                    q.avg_jct,
-                    q.p50_jct,
-                    q.p95_jct,
-                    q.p99_jct,
-                    q.avg_wait,
-                    q.utilization,
-                    q.makespan,
-                ]
-            ],
-            QUEUE_COLUMNS,
-            args.format,
-            out,
-        )
-        if q.interrupted:
-            print(
-                f"simulate: interrupted: partial result over the {q.jobs:,} of {q.total:,} jobs "
-                "finished by then.",
-                file=err,
-            )
-            return INTERRUPTED
-        return 0
+            return _packing(args, out, err)
+        return _queue(args, out, err)
     except (TraceError, ValueError) as exc:
         print(f"simulate: error: {exc}", file=err)
         return 2
+
+
+def _packing(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`simulate packing`: one row per seed; Ctrl-C prints the seeds done so far."""
+    if args.tune <= 0 or args.batch < 1:
+        raise ValueError("--tune must be positive and --batch at least 1")
+    nodes = read_nodes(args.nodes)
+    pods = read_pods(args.pods)
+    rows: list[list[object]] = []
+    bar = _bar(args, err, unit="seeds")
+    interrupted = False
+    for n, seed in enumerate(args.seeds):
+        if bar:
+            bar(n, len(args.seeds))
+        try:
+            r = simulate_packing(
+                nodes, pods, args.policy, seed, args.tune, trace_name(args.pods), args.batch
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+            break
+        rows.append(
+            [
+                r.trace,
+                r.policy if args.batch == 1 else f"{r.policy}/batch{args.batch}",
+                r.seed,
+                r.alloc_at(100),
+                r.alloc_at(130),
+                r.frag_ratio_90,
+                r.placed,
+                r.failed,
+                r.seconds,
+            ]
+        )
+    if bar:
+        if not interrupted:
+            bar(len(args.seeds), len(args.seeds))
+        bar.close()
+    write_table(rows, PACKING_COLUMNS, args.format, out)
+    if interrupted:
+        print(
+            f"simulate: interrupted: {len(rows)} of {len(args.seeds)} seeds done; "
+            "the rows above are those.",
+            file=err,
+        )
+        return INTERRUPTED
+    return 0
+
+
+def _queue(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`simulate queue`: one row of queue figures; Ctrl-C prints them over the jobs finished."""
+    jobs = read_jobs(args.jobs, args.cluster, args.limit)
+    bar = _bar(args, err, unit="jobs")
+    q = simulate_queue(
+        jobs,
+        args.gpus,
+        args.gpus_per_node,
+        args.policy,
+        args.scorer,
+        args.seed,
+        progress=bar,
+    )
+    if bar:
+        bar.close()
+    write_table(
+        [
+            [
+                q.policy,
+                q.jobs,
+                q.avg_jct,
+                q.p50_jct,
+                q.p95_jct,
+                q.p99_jct,
+                q.avg_wait,
+                q.utilization,
+                q.makespan,
+            ]
+        ],
+        QUEUE_COLUMNS,
+        args.format,
+        out,
+    )
+    if q.interrupted:
+        print(
+            f"simulate: interrupted: partial result over the {q.jobs:,} of {q.total:,} jobs "
+            "finished by then.",
+            file=err,
+        )
+        return INTERRUPTED
+    return 0
 
 
 def _bar(args: argparse.Namespace, err: TextIO, *, unit: str) -> ProgressBar | None:

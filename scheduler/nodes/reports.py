@@ -252,6 +252,9 @@ class ExitReport:
     message: str = ""
 
 
+_HOLDING_GPUS = (JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING)
+
+
 @transaction.atomic
 def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
     """Apply an exit the agent reports: success, failure (maybe restart), or the end of a preemption."""
@@ -262,12 +265,7 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
         "signal": report.signal,
         "attempt": report.attempt,
     }
-    if job.state not in (
-        JobState.SCHEDULED,
-        JobState.STARTING,
-        JobState.RUNNING,
-        JobState.PREEMPTING,
-    ):
+    if job.state not in _HOLDING_GPUS:
         # Already handled (a resent report) or cancelled while running: the stop is confirmed.
         return job
     gang = gangs.is_gang(job)
@@ -277,109 +275,140 @@ def job_exited(*, node: Node, job_id: int, report: ExitReport) -> Job:
     # the agent did not cause (`exited`) can be a success.
     finished = report.exit_code == 0 and report.reason == "exited"
     if job.state == JobState.PREEMPTING and finished and not gang:
-        # It ended on its own before the stop reached it: done, nothing to restart or resume.
-        what = "resize" if job.resize else "preemption"
-        job.exit_code = 0
-        job.resize = {}
-        job.preempt_deadline = None
-        job_transition(
-            job=job,
-            to=JobState.SUCCEEDED,
-            reason=f"Exited with code 0 before its {what} reached it",
-            actor_label=label,
-            data=data,
-            update_fields=("exit_code", "resize", "preempt_deadline"),
-        )
-        transaction.on_commit(request_cycle)
-        return job
-    if job.state == JobState.PREEMPTING and job.resize:
+        _exited_before_its_stop(job, label=label, data=data)
+    elif job.state == JobState.PREEMPTING and job.resize:
         elastic.resize_finish(job=job, label=label, data=data, exit_code=report.exit_code)
-        transaction.on_commit(request_cycle)
-        return job
-    if gang and job.state != JobState.PREEMPTING:
-        everyone_done = gangs.member_exited(
-            job,
-            node.pk,
-            exit_code=report.exit_code if report.reason == "exited" else None,
-            message=report.message,
-            now=timezone.now(),
-        )
-        if finished and not everyone_done:
-            return job  # this member is done; the job runs until every member is
-        if not finished:
-            data["member_node"] = node.name
-    job.exit_code = report.exit_code
-    if job.state == JobState.PREEMPTING:
+    elif (
+        gang
+        and job.state != JobState.PREEMPTING
+        and _gang_member_exited(job, node, report, finished=finished, data=data)
+    ):
+        return job  # this member is done; the job runs until every member is
+    else:
+        job.exit_code = report.exit_code
+        if job.state == JobState.PREEMPTING:
+            _preempted_requeue(job, label=label, data=data)
+        elif finished:
+            job_transition(
+                job=job,
+                to=JobState.SUCCEEDED,
+                reason="Exited with code 0",
+                actor_label=label,
+                data=data,
+                update_fields=("exit_code",),
+            )
+        else:
+            _failed(job, node, report, gang=gang, label=label, data=data)
+    transaction.on_commit(request_cycle)
+    return job
+
+
+def _exited_before_its_stop(job: Job, *, label: str, data: dict[str, Any]) -> None:
+    """It ended on its own before the stop reached it: done, nothing to restart or resume."""
+    what = "resize" if job.resize else "preemption"
+    job.exit_code = 0
+    job.resize = {}
+    job.preempt_deadline = None
+    job_transition(
+        job=job,
+        to=JobState.SUCCEEDED,
+        reason=f"Exited with code 0 before its {what} reached it",
+        actor_label=label,
+        data=data,
+        update_fields=("exit_code", "resize", "preempt_deadline"),
+    )
+
+
+def _gang_member_exited(
+    job: Job, node: Node, report: ExitReport, *, finished: bool, data: dict[str, Any]
+) -> bool:
+    """A gang member's exit recorded; whether the job goes on (this member finished, others run)."""
+    everyone_done = gangs.member_exited(
+        job,
+        node.pk,
+        exit_code=report.exit_code if report.reason == "exited" else None,
+        message=report.message,
+        now=timezone.now(),
+    )
+    if finished and not everyone_done:
+        return True
+    if not finished:
+        data["member_node"] = node.name
+    return False
+
+
+def _preempted_requeue(job: Job, *, label: str, data: dict[str, Any]) -> None:
+    """The preempted job stopped: it waits again, to resume from its checkpoint if it has one."""
+    job.resume = bool(job.checkpoint_dir)
+    job.preempt_deadline = None
+    how = "resumes from its checkpoint" if job.resume else "restarts from the beginning"
+    job_transition(
+        job=job,
+        to=JobState.QUEUED,
+        reason=f"Preempted and requeued; it {how}",
+        actor_label=label,
+        data=data,
+        end_reason=Allocation.EndReason.PREEMPTED,
+        update_fields=("exit_code", "resume", "preempt_deadline"),
+    )
+
+
+def _failure_text(report: ExitReport, node: Node, *, gang: bool) -> tuple[str, str | None]:
+    """What the failure was, in words, and the limit it hit (out of memory, time) if any."""
+    what = (
+        f"exit code {report.exit_code}"
+        if report.exit_code is not None
+        else f"signal {report.signal}"
+    )
+    if report.reason == "killed":
+        # stopped by its node's agent (shutting down, fenced, no longer assigned)
+        what = f"a stop by its node ({report.message[:200] or what})"
+    if report.reason == "failed_to_start":
+        what = f"failed to start: {report.message[:200]}"
+    if gang:
+        what += f" of its member on {node.name}; the other members were stopped"
+    # Out of memory and over the time limit are their own reasons, and final: a restart
+    # would run out of the same memory, or past the same limit.
+    limit_hit = FAILURE_TEXT.get(report.reason)
+    if limit_hit:
+        detail = report.message.split(": ", 1)[-1] if report.message else ""
+        what = f"{limit_hit} ({detail[:200]})" if detail else limit_hit
+    return what, limit_hit
+
+
+def _failed(
+    job: Job, node: Node, report: ExitReport, *, gang: bool, label: str, data: dict[str, Any]
+) -> None:
+    """A failure: restarted while it has restarts left (and hit no limit), else failed."""
+    what, limit_hit = _failure_text(report, node, gang=gang)
+    if job.restarts < job.max_restarts and job.state == JobState.RUNNING and limit_hit is None:
+        job.restarts += 1
         job.resume = bool(job.checkpoint_dir)
-        job.preempt_deadline = None
-        how = "resumes from its checkpoint" if job.resume else "restarts from the beginning"
         job_transition(
             job=job,
             to=JobState.QUEUED,
-            reason=f"Preempted and requeued; it {how}",
+            reason=f"Failed with {what}; restart {job.restarts} of {job.max_restarts}",
             actor_label=label,
             data=data,
-            end_reason=Allocation.EndReason.PREEMPTED,
-            update_fields=("exit_code", "resume", "preempt_deadline"),
+            end_reason=Allocation.EndReason.FAILED,
+            update_fields=("exit_code", "restarts", "resume"),
         )
-    elif finished:
-        job_transition(
-            job=job,
-            to=JobState.SUCCEEDED,
-            reason="Exited with code 0",
-            actor_label=label,
-            data=data,
-            update_fields=("exit_code",),
+        return
+    job.failure_reason = (f"Failed: {what}" if limit_hit else f"Failed with {what}")[:500]
+    job_transition(
+        job=job,
+        to=JobState.FAILED,
+        reason=job.failure_reason,
+        actor_label=label,
+        data=data,
+        update_fields=("exit_code", "failure_reason"),
+    )
+    if report.reason == "failed_to_start":
+        # It never ran (a missing image...): its allocation ends where it began, so
+        # nothing of it is billed.
+        Allocation.objects.filter(job_id=job.pk, attempt=report.attempt).update(
+            ended_at=F("started_at")
         )
-    else:
-        what = (
-            f"exit code {report.exit_code}"
-            if report.exit_code is not None
-            else f"signal {report.signal}"
-        )
-        if report.reason == "killed":
-            # stopped by its node's agent (shutting down, fenced, no longer assigned)
-            what = f"a stop by its node ({report.message[:200] or what})"
-        if report.reason == "failed_to_start":
-            what = f"failed to start: {report.message[:200]}"
-        if gang:
-            what += f" of its member on {node.name}; the other members were stopped"
-        # Out of memory and over the time limit are their own reasons, and final: a restart
-        # would run out of the same memory, or past the same limit.
-        limit_hit = FAILURE_TEXT.get(report.reason)
-        if limit_hit:
-            detail = report.message.split(": ", 1)[-1] if report.message else ""
-            what = f"{limit_hit} ({detail[:200]})" if detail else limit_hit
-        if job.restarts < job.max_restarts and job.state == JobState.RUNNING and limit_hit is None:
-            job.restarts += 1
-            job.resume = bool(job.checkpoint_dir)
-            job_transition(
-                job=job,
-                to=JobState.QUEUED,
-                reason=f"Failed with {what}; restart {job.restarts} of {job.max_restarts}",
-                actor_label=label,
-                data=data,
-                end_reason=Allocation.EndReason.FAILED,
-                update_fields=("exit_code", "restarts", "resume"),
-            )
-        else:
-            job.failure_reason = (f"Failed: {what}" if limit_hit else f"Failed with {what}")[:500]
-            job_transition(
-                job=job,
-                to=JobState.FAILED,
-                reason=job.failure_reason,
-                actor_label=label,
-                data=data,
-                update_fields=("exit_code", "failure_reason"),
-            )
-            if report.reason == "failed_to_start":
-                # It never ran (a missing image...): its allocation ends where it began, so
-                # nothing of it is billed.
-                Allocation.objects.filter(job_id=job.pk, attempt=report.attempt).update(
-                    ended_at=F("started_at")
-                )
-    transaction.on_commit(request_cycle)
-    return job
 
 
 def job_log_quota_bytes(project_id: int) -> int:

@@ -19,7 +19,7 @@ FENCED = {
         {
             "portal/db.py",
             "portal/selectors.py",  # the submission's project and the member's role
-            "scheduler/cycle_reads.py",
+            "scheduler/cycle/reads.py",
             "scheduler/selectors.py",  # the submission's GPU model
             "billing/admission.py",  # the submission's payment standing and budget; the cycle's
             "billing/selectors.py",  # the cycle's reserved plans
@@ -78,7 +78,7 @@ def test_each_fenced_module_cites_its_benchmark():
         "portal/api/serializers.py",
         "portal/ratelimit.py",
         "portal/redis_after_commit.py",
-        "scheduler/cycle_reads.py",
+        "scheduler/cycle/reads.py",
         "scheduler/agent_api/gate.py",
         "scheduler/agent_api/fastparse.py",
         "scheduler/nodes/assignments.py",

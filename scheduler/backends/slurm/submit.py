@@ -141,6 +141,10 @@ def _slurm_ids(job: Job, cfg: SlurmPool) -> dict[int, str]:
     )
 
 
+_Ready = tuple[list[Job], SlurmPool, BatchJob]  # a group of our jobs and its batch job
+_Refused = tuple[list[Job], str]  # a group Slurm (or its account) refused, and why
+
+
 def submit_queued(*, limit: int = 500, parallel: int = 8) -> int:
     """The cycle's hand-off: every queued job of a Slurm pool that Slurm has not got yet becomes
     a batch job (an array's shards one array job). Returns how many of our jobs went.
@@ -148,8 +152,6 @@ def submit_queued(*, limit: int = 500, parallel: int = 8) -> int:
     The jobs stay locked (skip-locked: a second hand-off takes others) while their sbatch calls
     run, several at once: an sbatch is a process and a round trip to slurmctld, and one after
     the other they would cap the hand-off at a few jobs per second on a busy host."""
-    from scheduler.backends.slurm.accounts import ensure_account
-
     with transaction.atomic():
         jobs = list(
             Job.objects.select_for_update(skip_locked=True, of=("self",))
@@ -157,85 +159,109 @@ def submit_queued(*, limit: int = 500, parallel: int = 8) -> int:
             .select_related("pool__slurm", "project", "gpu_model")
             .order_by("pk")[:limit]
         )
-        ready: list[tuple[list[Job], SlurmPool, BatchJob]] = []
-        refused: list[tuple[list[Job], str]] = []
-        for group in _groups(jobs):
-            first = group[0]
-            cfg = first.pool.slurm  # type: ignore[union-attr]
-            shards = first.shard_count or 1
-            if shards > 1 and len(group) != shards:
-                continue  # part of the array is not here (locked elsewhere): next pass
-            dependency = None
-            if first.waiting_on_dependencies:
-                dependency = slurm_dependency(first, _slurm_ids(first, cfg))
-                if dependency is None:
-                    continue  # it waits on work Slurm has not got: the portal holds it
-            try:
-                ensure_account(cfg, first.project)
-                ready.append(
-                    (group, cfg, batch_job(cfg, first, shards=shards, dependency=dependency))
-                )
-            except SlurmError as exc:
-                refused.append((group, str(exc)))
-
-        def sbatch(item: tuple[list[Job], SlurmPool, BatchJob]) -> str | SlurmError:
-            _group, cfg, batch = item
-            try:
-                return cluster_for(cfg.pool).sbatch(batch.args, batch.script)
-            except SlurmError as exc:
-                return exc
-
-        if len(ready) > 1:
-            with ThreadPoolExecutor(max_workers=min(parallel, len(ready))) as pool:
-                answers = list(pool.map(sbatch, ready))
-        else:
-            answers = [sbatch(item) for item in ready]
-        now = timezone.now()
-        links, events, touched = [], [], []
-        for (group, cfg, batch), answer in zip(ready, answers, strict=True):
-            if isinstance(answer, SlurmError):
-                refused.append((group, str(answer)))
-                continue
-            shards = group[0].shard_count or 1
-            for job in group:
-                sid = answer if shards == 1 else f"{answer}_{job.shard_index}"
-                path = batch.output_pattern.replace("%a", str(job.shard_index or 0))
-                links.append(
-                    SlurmJob(
-                        job=job,
-                        pool_id=cfg.pool_id,
-                        slurm_job_id=sid,
-                        output_path=path,
-                        submitted_at=now,
-                    )
-                )
-                events.append(
-                    JobEvent(
-                        job=job,
-                        from_state=job.state,
-                        to_state=job.state,
-                        actor_label=ACTOR,
-                        reason=f"Submitted to Slurm cluster {cfg.cluster_name} as job {sid}",
-                        data={"slurm_job_id": sid, "sbatch": batch.command_line()},
-                    )
-                )
-                job.pending_reason = "slurm"
-                job.pending_message = f"waiting: submitted to Slurm as job {sid}"
-                touched.append(job)
-        SlurmJob.objects.bulk_create(links)
-        JobEvent.objects.bulk_create(events)
-        Job.objects.bulk_update(touched, ["pending_reason", "pending_message"])
-        for group, words in refused:
-            for job in group:
-                job.failure_reason = f"Slurm refused the job: {words}"[:500]
-                job_transition(
-                    job=job,
-                    to=JobState.FAILED,
-                    reason=job.failure_reason,
-                    actor_label=ACTOR,
-                    update_fields=("failure_reason",),
-                )
+        ready, refused = _batch_jobs(jobs)
+        answers = _sbatch_all(ready, parallel=parallel)
+        touched = _record_submitted(ready, answers, refused)
+        _fail_refused(refused)
     return len(touched)
+
+
+def _batch_jobs(jobs: list[Job]) -> tuple[list[_Ready], list[_Refused]]:
+    """Each group that can go now with its batch job; those refused (their Slurm account)."""
+    from scheduler.backends.slurm.accounts import ensure_account
+
+    ready: list[_Ready] = []
+    refused: list[_Refused] = []
+    for group in _groups(jobs):
+        first = group[0]
+        cfg = first.pool.slurm  # type: ignore[union-attr]
+        shards = first.shard_count or 1
+        if shards > 1 and len(group) != shards:
+            continue  # part of the array is not here (locked elsewhere): next pass
+        dependency = None
+        if first.waiting_on_dependencies:
+            dependency = slurm_dependency(first, _slurm_ids(first, cfg))
+            if dependency is None:
+                continue  # it waits on work Slurm has not got: the portal holds it
+        try:
+            ensure_account(cfg, first.project)
+            ready.append((group, cfg, batch_job(cfg, first, shards=shards, dependency=dependency)))
+        except SlurmError as exc:
+            refused.append((group, str(exc)))
+    return ready, refused
+
+
+def _sbatch(item: _Ready) -> str | SlurmError:
+    _group, cfg, batch = item
+    try:
+        return cluster_for(cfg.pool).sbatch(batch.args, batch.script)
+    except SlurmError as exc:
+        return exc
+
+
+def _sbatch_all(ready: list[_Ready], *, parallel: int) -> list[str | SlurmError]:
+    """Each batch job's sbatch answer (its Slurm id, or the error), several at once."""
+    if len(ready) > 1:
+        with ThreadPoolExecutor(max_workers=min(parallel, len(ready))) as pool:
+            return list(pool.map(_sbatch, ready))
+    return [_sbatch(item) for item in ready]
+
+
+def _record_submitted(
+    ready: list[_Ready], answers: list[str | SlurmError], refused: list[_Refused]
+) -> list[Job]:
+    """Link each submitted job to its Slurm id, with an event and its waiting reason; a group
+    sbatch refused joins `refused`. Returns the jobs submitted."""
+    now = timezone.now()
+    links, events, touched = [], [], []
+    for (group, cfg, batch), answer in zip(ready, answers, strict=True):
+        if isinstance(answer, SlurmError):
+            refused.append((group, str(answer)))
+            continue
+        shards = group[0].shard_count or 1
+        for job in group:
+            sid = answer if shards == 1 else f"{answer}_{job.shard_index}"
+            path = batch.output_pattern.replace("%a", str(job.shard_index or 0))
+            links.append(
+                SlurmJob(
+                    job=job,
+                    pool_id=cfg.pool_id,
+                    slurm_job_id=sid,
+                    output_path=path,
+                    submitted_at=now,
+                )
+            )
+            events.append(
+                JobEvent(
+                    job=job,
+                    from_state=job.state,
+                    to_state=job.state,
+                    actor_label=ACTOR,
+                    reason=f"Submitted to Slurm cluster {cfg.cluster_name} as job {sid}",
+                    data={"slurm_job_id": sid, "sbatch": batch.command_line()},
+                )
+            )
+            job.pending_reason = "slurm"
+            job.pending_message = f"waiting: submitted to Slurm as job {sid}"
+            touched.append(job)
+    SlurmJob.objects.bulk_create(links)
+    JobEvent.objects.bulk_create(events)
+    Job.objects.bulk_update(touched, ["pending_reason", "pending_message"])
+    return touched
+
+
+def _fail_refused(refused: list[_Refused]) -> None:
+    """The jobs of each refused group fail, with Slurm's words."""
+    for group, words in refused:
+        for job in group:
+            job.failure_reason = f"Slurm refused the job: {words}"[:500]
+            job_transition(
+                job=job,
+                to=JobState.FAILED,
+                reason=job.failure_reason,
+                actor_label=ACTOR,
+                update_fields=("failure_reason",),
+            )
 
 
 def cancel_job(job: Job) -> None:
