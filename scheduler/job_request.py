@@ -371,6 +371,14 @@ def carried_on(surface: Surface) -> tuple[RequestField, ...]:
     return tuple(f for f in FIELDS if f.carried_on(surface) is not None)
 
 
+def annotation_key(path: Carry) -> str | None:
+    """The annotation's full key a manifest path names (`gpucloud.example/nodes`), else None."""
+    prefix = "metadata.annotations."
+    if isinstance(path, str) and path.startswith(annotation("")):
+        return path[len(prefix) :]
+    return None
+
+
 def manifest_annotations() -> tuple[str, ...]:
     """The portal's manifest annotation keys (after `ANNOTATION`) that fields are read from
     or written to."""
@@ -419,9 +427,9 @@ def api_bounds(name: str) -> dict[str, Any]:
     return kwargs
 
 
-def form_bounds(name: str) -> dict[str, Any]:
-    """A Django form field's bounds for a declared field; every request field is optional
-    in the form (a blank one takes the default)."""
+def form_bounds(name: str, **overrides: Any) -> dict[str, Any]:
+    """A Django form field's bounds for a declared field, `overrides` on top; every request
+    field is optional in the form (a blank one takes the default)."""
     f = BY_NAME[name]
     kwargs: dict[str, Any] = {"required": False}
     if f.minimum is not None:
@@ -430,4 +438,4 @@ def form_bounds(name: str) -> dict[str, Any]:
         kwargs["max_value"] = f.maximum
     if f.max_length is not None:
         kwargs["max_length"] = f.max_length
-    return kwargs
+    return kwargs | overrides

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from scheduler.job_request import annotation_key
 from scheduler.manifests.fields import (
     GPU,
     GPU_PRODUCT,
@@ -15,7 +16,7 @@ from scheduler.manifests.fields import (
     mib_quantity,
     product_label,
 )
-from scheduler.manifests.parse import ANNOTATION, SHELL, SHM_PATH
+from scheduler.manifests.parse import ANNOTATION, NUMBER_FIELDS, SHELL, SHM_PATH
 from scheduler.models import GpuModel, Job, PriorityClass
 
 
@@ -81,22 +82,14 @@ def job_manifest(job: Job) -> dict[str, Any]:
         f"{ANNOTATION}priority": PriorityClass(job.priority).name.lower(),
         f"{ANNOTATION}preemptible": "true" if job.preemptible else "false",
     }
-    if job.runtime_estimate_s:
-        annotations[f"{ANNOTATION}runtime-estimate-seconds"] = str(job.runtime_estimate_s)
     if job.checkpoint_dir:
         annotations[f"{ANNOTATION}checkpoint-dir"] = job.checkpoint_dir
     if job.precisions:
         annotations[f"{ANNOTATION}precisions"] = ",".join(job.precisions)
-    for key, value in (
-        ("gpu-milli", job.gpu_milli if job.gpu_milli != 1000 else None),
-        ("gpu-memory-mib", job.gpu_memory_mib or None),
-        ("nodes", job.nodes),
-        ("min-gpu-memory-gb", job.min_gpu_memory_gb or None),
-        ("elastic-min", job.elastic_min),
-        ("elastic-max", job.elastic_max),
-    ):
-        if value is not None:
-            annotations[f"{ANNOTATION}{key}"] = str(value)
+    for field in NUMBER_FIELDS:  # the whole-number annotations, unless at their default
+        value = getattr(job, str(field.model))
+        if value is not None and value != field.default:
+            annotations[str(annotation_key(field.manifest_out))] = str(value)
     spec: dict[str, Any] = {"backoffLimit": job.max_restarts, "template": {"spec": pod}}
     if job.time_limit_s:
         spec["activeDeadlineSeconds"] = job.time_limit_s

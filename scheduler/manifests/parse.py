@@ -16,7 +16,7 @@ from portal.errors import DomainError
 from scheduler.admission import JobSpec, spec_validate
 from scheduler.job_request import (
     ANNOTATION,
-    annotation,
+    annotation_key,
     manifest_annotations,
     manifest_error_path,
     manifest_number_annotations,
@@ -739,14 +739,14 @@ def _annotations(r: _Reader, annotations: dict[str, Any]) -> None:
         priority_name = "NORMAL"
     numbers: dict[str, int | None] = {}
     for field in NUMBER_FIELDS:
-        key = field.manifest_in[len(annotation("")) :]  # type: ignore[index]
-        value = annotations.get(f"{ANNOTATION}{key}")
+        key = str(annotation_key(field.manifest_in))
+        value = annotations.get(key)
         numbers[field.name] = None
         if value is not None:
             if str(value).isdigit() and len(str(value)) < 10:
                 numbers[field.name] = int(str(value))
             else:
-                r.refuse(f"metadata.annotations.{ANNOTATION}{key}", "a whole number.")
+                r.refuse(f"metadata.annotations.{key}", "a whole number.")
     for key in annotations:
         if str(key).startswith(ANNOTATION) and str(key)[len(ANNOTATION) :] not in KNOWN_ANNOTATIONS:
             r.refuse(
