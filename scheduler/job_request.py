@@ -287,7 +287,7 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField(
         name="working_dir", kind="str", help="the command's working directory", default="",
         max_length=MAX_PATH,
-        api_in="working_dir", api_out=NOT_ANSWERED, form="working_dir",
+        api_in="working_dir", api_out="working_dir", form="working_dir",
         manifest_in=f"{C}.workingDir", manifest_out=f"{C}.workingDir", cli="--working-dir",
         model="working_dir", slurm="--chdir", assignment="working_dir", template="working_dir",
     ),
@@ -347,7 +347,7 @@ FIELDS: tuple[RequestField, ...] = (
         api_in="dependencies", api_out="dependencies", form="dependencies",
         manifest_in=Absent("a Job manifest has no dependencies; the API and form take them"),
         manifest_out=Absent("a Job manifest has no dependencies"), cli="--dependency",
-        model=Absent("kept as JobDependency rows, one per job depended on"),
+        model=Absent("not a column: JobDependency rows (Job.dependencies), one per job"),
         slurm="--dependency", assignment=PORTAL_DECIDES,
         template=Absent("a resubmission starts afresh: it waits for no earlier job"),
         mappers=("dependencies.dependencies_parse", "dependencies.slurm_dependency"),

@@ -2,7 +2,11 @@
 
 Every field present is honoured (it changes the job), ignored (accepted, said so in the answer
 and on the job page) or refused (a 400 that names each such field and why, all at once). The
-table is docs/manifests.md; this module is its implementation, in the same order.
+table is docs/manifests.md; this module is its implementation: the keys of the Job, its pod and
+its container are tables (`JOB_KEYS`, `POD_KEYS`, `CONTAINER_KEYS`: honoured by a named step,
+ignored or refused with the reason) walked by `walk`, and `manifest_read` runs the named steps
+that read the honoured keys into the spec's fields. Which manifest path each job-request field
+is read from, and where a validation error points, is declared in `scheduler.job_request`.
 """
 
 from __future__ import annotations
@@ -768,14 +772,10 @@ def _annotations(r: _Reader, annotations: dict[str, Any]) -> None:
     }
 
 
-def parse_manifest(raw: str | bytes) -> ManifestImport:
-    """The job a Kubernetes Job manifest asks for, the namespace it names, what was ignored.
-
-    Each step reads its part of the manifest into the spec's fields (`_Reader.values`),
-    reporting what it ignores and refuses; every refusal is answered at once."""
-    doc = load_manifest(raw)
-    r = _Reader(list(GpuModel.objects.filter(is_active=True)))
-    meta = doc.get("metadata") or {}
+def manifest_read(doc: dict[str, Any], catalog: list[GpuModel]) -> _Reader:
+    """Every step over a schema-valid Job: the spec's fields in `values`, what was ignored
+    and refused (no database: the catalog is given)."""
+    r = _Reader(catalog)
     spec = doc.get("spec") or {}
     pod = (spec.get("template") or {}).get("spec") or {}
     _job_meta(r, doc)
@@ -788,7 +788,15 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
     _resources(r, c)
     _volume_mounts(r, c, empty_dirs)
     _gpu_models(r)
-    _annotations(r, meta.get("annotations") or {})
+    _annotations(r, (doc.get("metadata") or {}).get("annotations") or {})
+    return r
+
+
+def parse_manifest(raw: str | bytes) -> ManifestImport:
+    """The job a Kubernetes Job manifest asks for, the namespace it names, what was ignored;
+    every refusal is answered at once."""
+    doc = load_manifest(raw)
+    r = manifest_read(doc, list(GpuModel.objects.filter(is_active=True)))
     if r.refused:
         raise ManifestRefused(r.refused)
     job_spec = JobSpec(**r.values, source=Job.Source.MANIFEST, manifest_ignored=tuple(r.ignored))
@@ -798,5 +806,5 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
         raise ManifestRefused(
             [{"field": manifest_error_path(exc.field, CONTAINER), "why": exc.message}]
         ) from None
-    namespace = meta.get("namespace")
+    namespace = (doc.get("metadata") or {}).get("namespace")
     return ManifestImport(job_spec, str(namespace) if namespace else None, r.ignored)
