@@ -5,12 +5,13 @@ CLI; it becomes a `JobSpec`, a `Job` row, a Slurm batch script or an agent's ass
 template keeps it to submit again. `FIELDS` says, for each field and each of those surfaces
 (`Surface`), under which name the surface carries it, or `Absent("why not")`.
 
-Derived from it: the API serializer's bounds and defaults (`api_field`), the form's bounds
-(`form_bounds`), `job_from_spec` (Job row from a spec), the manifest's annotations and the
-manifest path each validation error points at, the exporter's number annotations, and the
-template's request body. The other surfaces (the CLI's flag table, the Slurm script, the agent's
-assignment, `JobSpec` itself, the model) are checked against it by
-`tests/unit/test_job_request.py`, which fails when a surface and the declaration disagree.
+Derived from it: the API serializer's bounds and defaults (`api_bounds`), the form's bounds
+(`form_bounds`) and the spec it builds from its plain fields, `job_from_spec` (the Job row of a
+spec), the manifest's annotations and the manifest path each validation error points at, the
+exporter's number annotations, and a template's request body. The other surfaces are written by
+hand and checked against it by `tests/unit/test_job_request.py`: the CLI's flag table (a
+separate package that cannot import the server), `JobSpec` (a typed dataclass), the model (its
+migrations), the job answer's field order, the Slurm batch script and the agent's assignment.
 
 How to add a field (e.g. `volumes`):
 1. One `RequestField(...)` entry below. Python refuses it until every surface is answered:
@@ -19,7 +20,13 @@ How to add a field (e.g. `volumes`):
 2. Where a surface needs more than a copy (a list of volumes becomes a manifest's `volumes` and
    `volumeMounts`, an assignment's mounts), one small named mapper in that surface's module,
    named in the entry's `mappers` so the next reader finds it.
-3. Run `tests/unit/test_job_request.py`: it names each surface that does not yet match.
+   Where they go: a DRF field in `JobCreateSerializer` (`api_bounds` covers int, str and bool;
+   a list of objects needs its nested serializer), a `BODY_MAPPERS` entry in
+   `job_templates` for a new kind, a step in `manifests.parse.manifest_read` that sets
+   `r.values[name]` (and the keys it honours in `POD_KEYS`/`CONTAINER_KEYS`), a line in
+   `manifests.export`, the column on `Job` (a migration) and on `JobSpec`.
+3. Give the field a non-default value in the test's `_job()` and run
+   `tests/unit/test_job_request.py`: it names each surface that does not yet match.
 """
 
 from __future__ import annotations
@@ -141,7 +148,7 @@ FIELDS: tuple[RequestField, ...] = (
         manifest_in=f"{C}.resources.limits.nvidia.com/gpu",
         manifest_out=f"{C}.resources.limits.nvidia.com/gpu", cli="--gpus", model="gpus",
         slurm="--gres", assignment="gpu_uuids", template="gpus",
-        mappers=("forms.JobForm._shape", "slurm.batch_job"),
+        mappers=("forms._shape_fields", "slurm.batch_job"),
     ),
     RequestField(
         name="gpu_milli", kind="int", help="a fraction of one GPU, in 1/1000",
@@ -149,7 +156,7 @@ FIELDS: tuple[RequestField, ...] = (
         api_in="gpu_milli", api_out="gpu_milli", form="gpu_milli",
         manifest_in=annotation("gpu-milli"), manifest_out=annotation("gpu-milli"),
         cli="--gpu-milli", model="gpu_milli", slurm=SLURM_NO_FRACTION,
-        assignment="share_milli", template="gpu_milli", mappers=("forms.JobForm._shape",),
+        assignment="share_milli", template="gpu_milli", mappers=("forms._shape_fields",),
     ),
     RequestField(
         name="gpu_memory_mib", kind="int", help="GPU memory for a fraction",
@@ -203,7 +210,7 @@ FIELDS: tuple[RequestField, ...] = (
         api_in="nodes", api_out="nodes", form="nodes",
         manifest_in=annotation("nodes"), manifest_out=annotation("nodes"), cli="--nodes",
         model="nodes", slurm="--nodes", assignment="gpu_uuids", template="nodes",
-        mappers=("forms.JobForm._shape",),
+        mappers=("forms._shape_fields",),
     ),
     RequestField(
         name="gpus_per_node", kind="int", help="GPUs on each node of a gang", minimum=1,
@@ -212,7 +219,7 @@ FIELDS: tuple[RequestField, ...] = (
         manifest_in=f"{C}.resources.limits.nvidia.com/gpu",
         manifest_out=f"{C}.resources.limits.nvidia.com/gpu", cli="--gpus-per-node",
         model="gpus_per_node", slurm="--gres", assignment="gpu_uuids", template="gpus_per_node",
-        manifest_errors_at=annotation("nodes"), mappers=("forms.JobForm._shape",),
+        manifest_errors_at=annotation("nodes"), mappers=("forms._shape_fields",),
     ),
     RequestField(
         name="cpu_milli", kind="int", help="CPU in 1/1000 of a core", default=0, minimum=0,
@@ -265,7 +272,7 @@ FIELDS: tuple[RequestField, ...] = (
         manifest_out=annotation("runtime-estimate-seconds"), cli="--runtime-estimate",
         model="runtime_estimate_s", slurm=Absent("the portal plans with it; --time is the limit"),
         assignment=Absent("the portal plans with it"), template="runtime_estimate_s",
-        mappers=("job_templates.form_initial",),
+        mappers=("forms._hours_fields", "job_templates.form_initial",),
     ),
     RequestField(
         name="time_limit_s", kind="int",
@@ -274,7 +281,7 @@ FIELDS: tuple[RequestField, ...] = (
         api_in="time_limit_s", api_out="time_limit_s", form="time_limit_h",
         manifest_in="spec.activeDeadlineSeconds", manifest_out="spec.activeDeadlineSeconds",
         cli="--time-limit", model="time_limit_s", slurm="--time", assignment="time_limit_s",
-        template="time_limit_s", mappers=("job_templates.form_initial",),
+        template="time_limit_s", mappers=("forms._hours_fields", "job_templates.form_initial",),
     ),
     RequestField(
         name="checkpoint_dir", kind="str", help="where the job writes checkpoints", default="",
@@ -350,7 +357,7 @@ FIELDS: tuple[RequestField, ...] = (
         model=Absent("not a column: JobDependency rows (Job.dependencies), one per job"),
         slurm="--dependency", assignment=PORTAL_DECIDES,
         template=Absent("a resubmission starts afresh: it waits for no earlier job"),
-        mappers=("dependencies.dependencies_parse", "dependencies.slurm_dependency"),
+        mappers=("dependencies.dependencies_parse", "slurm.slurm_dependency"),
     ),
     RequestField(
         name="pool", kind="pool", help="a pool by name (e.g. a Slurm-backed one)", nullable=True,

@@ -26,8 +26,8 @@ def _k8s_name(name: str) -> str:
     return text or "job"
 
 
-def job_manifest(job: Job) -> dict[str, Any]:
-    """The batch/v1 Job a job (an array's first shard: the whole array) amounts to."""
+def _container(job: Job) -> dict[str, Any]:
+    """The one container: command, image, working directory, environment, limits."""
     container: dict[str, Any] = {"name": "main", "command": [*SHELL, job.command]}
     if job.image:
         container["image"] = job.image
@@ -44,7 +44,11 @@ def job_manifest(job: Job) -> dict[str, Any]:
     if job.memory_mib:
         limits["memory"] = mib_quantity(job.memory_mib)
     container["resources"] = {"limits": limits}
-    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    return container
+
+
+def _affinity(job: Job) -> dict[str, Any] | None:
+    """The GPU model(s) as a required node affinity on the GPU product label, or None."""
     models = (
         [job.gpu_model]
         if job.gpu_model is not None
@@ -52,24 +56,33 @@ def job_manifest(job: Job) -> dict[str, Any]:
         if job.gpu_models
         else []
     )
-    if models:
-        pod["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": GPU_PRODUCT,
-                                    "operator": "In",
-                                    "values": sorted(product_label(m) for m in models),
-                                }
-                            ]
-                        }
-                    ]
-                }
+    if not models:
+        return None
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": GPU_PRODUCT,
+                                "operator": "In",
+                                "values": sorted(product_label(m) for m in models),
+                            }
+                        ]
+                    }
+                ]
             }
         }
+    }
+
+
+def job_manifest(job: Job) -> dict[str, Any]:
+    """The batch/v1 Job a job (an array's first shard: the whole array) amounts to."""
+    container = _container(job)
+    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if (affinity := _affinity(job)) is not None:
+        pod["affinity"] = affinity
     if job.shm_mib:
         container["volumeMounts"] = [{"name": "dshm", "mountPath": SHM_PATH}]
         pod["volumes"] = [

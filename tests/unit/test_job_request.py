@@ -302,3 +302,24 @@ def test_the_api_bounds_are_the_declared_ones():
                 f.maximum,
             ), f.name
     assert BY_NAME["gpus"].maximum == fields["elastic_max"].max_value
+
+
+def test_every_named_mapper_exists():
+    from scheduler import admission, dependencies, forms, job_templates
+    from scheduler.backends.slurm import submit
+    from scheduler.manifests import export, parse
+
+    modules = {
+        "admission": admission,
+        "dependencies": dependencies,
+        "export": export,
+        "forms": forms,
+        "job_templates": job_templates,
+        "parse": parse,
+        "slurm": submit,
+    }
+    named = [m for f in FIELDS for m in f.mappers]
+    assert named
+    for mapper in named:
+        module, _, name = mapper.partition(".")
+        assert callable(getattr(modules[module], name, None)), mapper
