@@ -38,6 +38,8 @@ SHAPED = (
     "elastic_max",
 )
 IN_HOURS = {"runtime_estimate_s": "runtime_estimate_h", "time_limit_s": "time_limit_h"}
+# Blank in the form, where the declared default is not the spec's
+FORM_DEFAULTS: dict[str, Any] = {"name": "", "command": "", "priority": PriorityClass.NORMAL}
 
 
 def _plain_fields(data: dict[str, Any]) -> dict[str, Any]:
@@ -53,9 +55,6 @@ def _plain_fields(data: dict[str, Any]) -> dict[str, Any]:
             value = {} if isinstance(value, dict) else value  # never a shared dict
         out[f.name] = tuple(value or ()) if f.kind == "str_list" else value
     return out
-
-
-FORM_DEFAULTS: dict[str, Any] = {"name": "", "command": "", "priority": PriorityClass.NORMAL}
 
 
 def _shape_fields(data: dict[str, Any], shape: str) -> dict[str, Any]:
