@@ -10,6 +10,7 @@ from portal.errors import DomainError
 from portal.models import Project
 from scheduler.admission import JobSpec, spec_validate
 from scheduler.dependencies import dependencies_parse
+from scheduler.job_request import Surface, carried_on, form_bounds
 from scheduler.models import PRECISIONS, GpuModel, Job, Pool, PriorityClass
 
 
@@ -24,6 +25,57 @@ def _env_lines(text: str) -> dict[str, str]:
         key, value = line.split("=", 1)
         env[key.strip()] = value
     return env
+
+
+# The fields the shape (whole GPUs, a fraction, a gang) decides, and those asked in hours.
+SHAPED = (
+    "gpus",
+    "gpu_milli",
+    "gpu_memory_mib",
+    "nodes",
+    "gpus_per_node",
+    "elastic_min",
+    "elastic_max",
+)
+IN_HOURS = {"runtime_estimate_s": "runtime_estimate_h", "time_limit_s": "time_limit_h"}
+# Blank in the form, where the declared default is not the spec's
+FORM_DEFAULTS: dict[str, Any] = {"name": "", "command": "", "priority": PriorityClass.NORMAL}
+
+
+def _plain_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The spec's fields the form carries as they are (`scheduler.job_request`); a blank one
+    takes the declared default."""
+    out: dict[str, Any] = {}
+    for f in carried_on(Surface.FORM):
+        if f.name in SHAPED or f.name in IN_HOURS:
+            continue
+        value = data.get(f.name)
+        if value in (None, ""):
+            value = FORM_DEFAULTS.get(f.name, f.default)
+            value = {} if isinstance(value, dict) else value  # never a shared dict
+        out[f.name] = tuple(value or ()) if f.kind == "str_list" else value
+    return out
+
+
+def _shape_fields(data: dict[str, Any], shape: str) -> dict[str, Any]:
+    """The GPU fields the chosen shape keeps; the others take their defaults."""
+    return {
+        "gpus": (data.get("gpus") or 1) if shape == "whole" else 1,
+        "gpu_milli": (data.get("gpu_milli") or 500) if shape == "fraction" else 1000,
+        "gpu_memory_mib": (data.get("gpu_memory_mib") or 0) if shape == "fraction" else 0,
+        "nodes": data.get("nodes") if shape == "gang" else None,
+        "gpus_per_node": data.get("gpus_per_node") if shape == "gang" else None,
+        "elastic_min": data.get("elastic_min") if shape == "whole" else None,
+        "elastic_max": data.get("elastic_max") if shape == "whole" else None,
+    }
+
+
+def _hours_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """Hours in the form, seconds in the spec."""
+    return {
+        seconds: int(hours * 3600) if (hours := data.get(field)) else None
+        for seconds, field in IN_HOURS.items()
+    }
 
 
 class WriteOnlyTextarea(forms.Textarea):
@@ -55,15 +107,14 @@ class JobForm(forms.Form):
         help_text="A Slurm-backed pool hands the job to its Slurm cluster.",
     )
     image = forms.CharField(
-        max_length=300,
-        required=False,
+        **form_bounds("image"),
         label="Image",
         help_text="A curated image (listed) or any image from an allowed registry; blank: the "
         "node's default image.",
         widget=forms.TextInput(attrs={"list": "curated-images", "placeholder": "blank: default"}),
     )
     min_gpu_memory_gb = forms.IntegerField(
-        min_value=0, max_value=1000, required=False, label="Min GPU memory (GB)"
+        **form_bounds("min_gpu_memory_gb"), label="Min GPU memory (GB)"
     )
     precisions = forms.MultipleChoiceField(
         choices=[(p, p) for p in PRECISIONS], required=False, widget=forms.CheckboxSelectMultiple
@@ -73,21 +124,17 @@ class JobForm(forms.Form):
         initial="whole",
         widget=forms.RadioSelect,
     )
-    gpus = forms.IntegerField(min_value=1, max_value=4096, initial=1, required=False, label="GPUs")
+    gpus = forms.IntegerField(**form_bounds("gpus"), initial=1, label="GPUs")
     gpu_milli = forms.IntegerField(
-        min_value=1,
-        max_value=999,
-        required=False,
+        **form_bounds("gpu_milli", max_value=999),  # a whole GPU is the "whole" shape
         label="Fraction (milli-GPU)",
         help_text="Milli-GPU, e.g. 250 = a quarter.",
     )
     gpu_memory_mib = forms.IntegerField(
-        min_value=0, max_value=4 * 1024 * 1024, required=False, label="GPU memory limit (MiB)"
+        **form_bounds("gpu_memory_mib"), label="GPU memory limit (MiB)"
     )
-    nodes = forms.IntegerField(min_value=1, max_value=512, required=False)
-    gpus_per_node = forms.IntegerField(
-        min_value=1, max_value=16, required=False, label="GPUs per node"
-    )
+    nodes = forms.IntegerField(**form_bounds("nodes"))
+    gpus_per_node = forms.IntegerField(**form_bounds("gpus_per_node"), label="GPUs per node")
     priority = forms.TypedChoiceField(
         choices=PriorityClass.choices, coerce=int, initial=PriorityClass.NORMAL
     )
@@ -109,11 +156,12 @@ class JobForm(forms.Form):
         label="Time limit (hours)",
         help_text="The job is stopped when it runs longer.",
     )
-    checkpoint_dir = forms.CharField(max_length=500, required=False, label="Checkpoint directory")
-    elastic_min = forms.IntegerField(min_value=1, required=False)
-    elastic_max = forms.IntegerField(min_value=1, required=False)
-    shard_count = forms.IntegerField(min_value=1, max_value=1000, initial=1, required=False)
-    max_restarts = forms.IntegerField(min_value=0, max_value=10, initial=0, required=False)
+    checkpoint_dir = forms.CharField(**form_bounds("checkpoint_dir"), label="Checkpoint directory")
+    # no upper bound here: the spec's check says how elastic_min, gpus and elastic_max relate
+    elastic_min = forms.IntegerField(**form_bounds("elastic_min", max_value=None))
+    elastic_max = forms.IntegerField(**form_bounds("elastic_max", max_value=None))
+    shard_count = forms.IntegerField(**form_bounds("shard_count"), initial=1)
+    max_restarts = forms.IntegerField(**form_bounds("max_restarts"), initial=0)
     dependencies = forms.CharField(
         max_length=2000,
         required=False,
@@ -128,13 +176,9 @@ class JobForm(forms.Form):
         label="Environment",
     )
     # Kept from a cloned job or template (the API sets them; the form carries them along).
-    cpu_milli = forms.IntegerField(
-        min_value=0, max_value=4_096_000, required=False, widget=forms.HiddenInput
-    )
-    memory_mib = forms.IntegerField(
-        min_value=0, max_value=64 * 1024 * 1024, required=False, widget=forms.HiddenInput
-    )
-    working_dir = forms.CharField(max_length=500, required=False, widget=forms.HiddenInput)
+    cpu_milli = forms.IntegerField(**form_bounds("cpu_milli"), widget=forms.HiddenInput)
+    memory_mib = forms.IntegerField(**form_bounds("memory_mib"), widget=forms.HiddenInput)
+    working_dir = forms.CharField(**form_bounds("working_dir"), widget=forms.HiddenInput)
 
     secret_env = forms.CharField(
         required=False,
@@ -167,37 +211,11 @@ class JobForm(forms.Form):
         if self.errors:
             return data
         shape = data.get("shape") or "whole"
-        runtime_h = data.get("runtime_estimate_h")
-        limit_h = data.get("time_limit_h")
         spec = JobSpec(
-            name=data.get("name", ""),
-            command=data.get("command", ""),
-            cpu_milli=data.get("cpu_milli") or 0,
-            memory_mib=data.get("memory_mib") or 0,
-            working_dir=data.get("working_dir") or "",
-            gpu_model=data.get("gpu_model"),
-            min_gpu_memory_gb=data.get("min_gpu_memory_gb") or 0,
-            precisions=tuple(data.get("precisions") or ()),
-            gpus=(data.get("gpus") or 1) if shape == "whole" else 1,
-            gpu_milli=(data.get("gpu_milli") or 500) if shape == "fraction" else 1000,
-            gpu_memory_mib=(data.get("gpu_memory_mib") or 0) if shape == "fraction" else 0,
-            nodes=data.get("nodes") if shape == "gang" else None,
-            gpus_per_node=data.get("gpus_per_node") if shape == "gang" else None,
-            priority=data.get("priority", PriorityClass.NORMAL),
-            preemptible=bool(data.get("preemptible")),
-            runtime_estimate_s=int(runtime_h * 3600) if runtime_h else None,
-            time_limit_s=int(limit_h * 3600) if limit_h else None,
-            checkpoint_dir=data.get("checkpoint_dir") or "",
-            elastic_min=data.get("elastic_min") if shape == "whole" else None,
-            elastic_max=data.get("elastic_max") if shape == "whole" else None,
-            shard_count=data.get("shard_count") or 1,
-            max_restarts=data.get("max_restarts") or 0,
-            dependencies=data.get("dependencies") or (),
-            image=(data.get("image") or "").strip(),
-            env=data.get("env") or {},
-            secret_env=data.get("secret_env") or {},
+            **_plain_fields(data),
+            **_shape_fields(data, shape),
+            **_hours_fields(data),
             source=Job.Source.FORM,
-            pool=data.get("pool"),
         )
         if shape == "gang" and not (spec.nodes and spec.gpus_per_node):
             self.add_error("nodes", "A gang needs a node count and GPUs per node.")
@@ -205,12 +223,8 @@ class JobForm(forms.Form):
         try:
             self.spec = spec_validate(spec)
         except DomainError as exc:
-            field = exc.field if exc.field in self.fields else None
-            if exc.field == "runtime_estimate_s":
-                field = "runtime_estimate_h"
-            if exc.field == "time_limit_s":
-                field = "time_limit_h"
-            self.add_error(field, exc.message)
+            field = IN_HOURS.get(exc.field or "", exc.field)
+            self.add_error(field if field in self.fields else None, exc.message)
         return data
 
 

@@ -6,6 +6,7 @@ resubmits it with the caller's changes on top, and the form starts from it (`for
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -15,43 +16,32 @@ from portal.errors import Conflict, DomainError, NotFound
 from portal.models import Project, Role, User
 from portal.selectors import project_list_visible_to
 from portal.services import require_role
+from scheduler.job_request import Surface, carried_on
 from scheduler.models import Job, JobTemplate, PriorityClass
 
-# Fields of a job's request; a resubmission takes them all from the job, changes on top.
-REQUEST_FIELDS = (
-    "name",
-    "command",
-    "image",
-    "gpus",
-    "gpu_milli",
-    "gpu_memory_mib",
-    "min_gpu_memory_gb",
-    "precisions",
-    "nodes",
-    "gpus_per_node",
-    "cpu_milli",
-    "memory_mib",
-    "preemptible",
-    "runtime_estimate_s",
-    "time_limit_s",
-    "checkpoint_dir",
-    "working_dir",
-    "env",
-    "max_restarts",
-    "elastic_min",
-    "elastic_max",
-)
+
+def _name_of(row: Any) -> str | None:
+    return row.name if row is not None else None
+
+
+# How a job's column becomes the body's value, by the declared kind (`scheduler.job_request`);
+# a kind not listed is copied as it is.
+BODY_MAPPERS: dict[str, Callable[[Any], Any]] = {
+    "str_list": lambda value: list(value or []),
+    "str_map": lambda value: dict(value or {}),
+    "priority": lambda value: PriorityClass(value).name.lower(),
+    "gpu_model": _name_of,
+    "pool": _name_of,
+}
 
 
 def job_request_body(job: Job) -> dict[str, Any]:
     """What was asked for, as the submit API takes it (an array shard: the whole array)."""
-    body: dict[str, Any] = {f: getattr(job, f) for f in REQUEST_FIELDS}
-    body["precisions"] = list(job.precisions or [])
-    body["env"] = dict(job.env or {})
-    body["priority"] = PriorityClass(job.priority).name.lower()
-    body["gpu_model"] = job.gpu_model.name if job.gpu_model is not None else None
-    body["pool"] = job.pool.name if job.pool is not None else None
-    body["shard_count"] = job.shard_count or 1
+    body: dict[str, Any] = {
+        f.name: BODY_MAPPERS.get(f.kind, lambda value: value)(getattr(job, str(f.model)))
+        for f in carried_on(Surface.TEMPLATE)
+    }
+    body["shard_count"] = job.shard_count or 1  # a single job's row has none
     if job.shard_count and job.shard_count > 1 and job.name.endswith(f"[{job.shard_index}]"):
         body["name"] = job.name[: -len(f"[{job.shard_index}]")]
     return body

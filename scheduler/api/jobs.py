@@ -51,6 +51,7 @@ from scheduler.dependencies import (
 )
 from scheduler.elastic import job_resize_request
 from scheduler.estimates import job_dry_run, job_hourly_cost
+from scheduler.job_request import BY_NAME, api_bounds
 from scheduler.manifests import ManifestRefused, job_manifest, parse_manifest
 from scheduler.models import (
     PRECISIONS,
@@ -98,48 +99,39 @@ class DependencySerializer(StrictSerializer):
     )
 
 
+# A job request as the API takes it: bounds and defaults from `scheduler.job_request`; the
+# fields that name catalog rows or parse a syntax are written here. (No docstring: it would
+# become the schema's description.)
 class JobCreateSerializer(StrictSerializer):
     project: serializers.SlugField = serializers.SlugField(max_length=50)
-    name = serializers.CharField(max_length=100)
-    command = serializers.CharField(max_length=10_000)
-    image = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
-    gpus = serializers.IntegerField(min_value=1, max_value=4096, default=1)
-    gpu_milli = serializers.IntegerField(min_value=1, max_value=1000, default=1000)
-    gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=4 * 1024 * 1024, default=0)
+    name = serializers.CharField(**api_bounds("name"))
+    command = serializers.CharField(**api_bounds("command"))
+    image = serializers.CharField(**api_bounds("image"))
+    gpus = serializers.IntegerField(**api_bounds("gpus"))
+    gpu_milli = serializers.IntegerField(**api_bounds("gpu_milli"))
+    gpu_memory_mib = serializers.IntegerField(**api_bounds("gpu_memory_mib"))
     gpu_model: serializers.SlugRelatedField = CatalogModelField(  # type: ignore[type-arg]
         slug_field="name",
         queryset=GpuModel.objects.filter(is_active=True),
         required=False,
         allow_null=True,
     )
-    min_gpu_memory_gb = serializers.IntegerField(min_value=0, max_value=1000, default=0)
+    min_gpu_memory_gb = serializers.IntegerField(**api_bounds("min_gpu_memory_gb"))
     precisions = serializers.ListField(
         child=serializers.ChoiceField(choices=PRECISIONS), max_length=7, default=list
     )
-    nodes = serializers.IntegerField(min_value=1, max_value=512, required=False, allow_null=True)
-    gpus_per_node = serializers.IntegerField(
-        min_value=1, max_value=16, required=False, allow_null=True
-    )
-    cpu_milli = serializers.IntegerField(min_value=0, max_value=4_096_000, default=0)
-    memory_mib = serializers.IntegerField(min_value=0, max_value=64 * 1024 * 1024, default=0)
+    nodes = serializers.IntegerField(**api_bounds("nodes"))
+    gpus_per_node = serializers.IntegerField(**api_bounds("gpus_per_node"))
+    cpu_milli = serializers.IntegerField(**api_bounds("cpu_milli"))
+    memory_mib = serializers.IntegerField(**api_bounds("memory_mib"))
     priority = serializers.ChoiceField(choices=PRIORITIES, default="normal")
-    preemptible = serializers.BooleanField(default=False)
-    runtime_estimate_s = serializers.IntegerField(
-        min_value=1, max_value=90 * 86400, required=False, allow_null=True
-    )
+    preemptible = serializers.BooleanField(**api_bounds("preemptible"))
+    runtime_estimate_s = serializers.IntegerField(**api_bounds("runtime_estimate_s"))
     time_limit_s = serializers.IntegerField(
-        min_value=60,
-        max_value=90 * 86400,
-        required=False,
-        allow_null=True,
-        help_text="Wall-clock limit in seconds; past it the job is stopped with 'time limit'.",
+        **api_bounds("time_limit_s"), help_text=BY_NAME["time_limit_s"].help
     )
-    checkpoint_dir = serializers.CharField(
-        max_length=500, required=False, allow_blank=True, default=""
-    )
-    working_dir = serializers.CharField(
-        max_length=500, required=False, allow_blank=True, default=""
-    )
+    checkpoint_dir = serializers.CharField(**api_bounds("checkpoint_dir"))
+    working_dir = serializers.CharField(**api_bounds("working_dir"))
     env = serializers.DictField(
         child=serializers.CharField(max_length=4096, allow_blank=True), default=dict
     )
@@ -150,14 +142,10 @@ class JobCreateSerializer(StrictSerializer):
         help_text="Write-only: answered masked (names only) to everyone, staff included, and "
         "sent only to the node that runs the job.",
     )
-    max_restarts = serializers.IntegerField(min_value=0, max_value=10, default=0)
-    elastic_min = serializers.IntegerField(
-        min_value=1, max_value=4096, required=False, allow_null=True
-    )
-    elastic_max = serializers.IntegerField(
-        min_value=1, max_value=4096, required=False, allow_null=True
-    )
-    shard_count = serializers.IntegerField(min_value=1, max_value=1000, default=1)
+    max_restarts = serializers.IntegerField(**api_bounds("max_restarts"))
+    elastic_min = serializers.IntegerField(**api_bounds("elastic_min"))
+    elastic_max = serializers.IntegerField(**api_bounds("elastic_max"))
+    shard_count = serializers.IntegerField(**api_bounds("shard_count"))
     dependencies = serializers.ListField(
         child=DependencySerializer(),
         max_length=MAX_DEPENDENCIES,

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from scheduler.job_request import annotation_key
 from scheduler.manifests.fields import (
     GPU,
     GPU_PRODUCT,
@@ -15,7 +16,7 @@ from scheduler.manifests.fields import (
     mib_quantity,
     product_label,
 )
-from scheduler.manifests.parse import ANNOTATION, SHELL, SHM_PATH
+from scheduler.manifests.parse import ANNOTATION, NUMBER_FIELDS, SHELL, SHM_PATH
 from scheduler.models import GpuModel, Job, PriorityClass
 
 
@@ -25,8 +26,8 @@ def _k8s_name(name: str) -> str:
     return text or "job"
 
 
-def job_manifest(job: Job) -> dict[str, Any]:
-    """The batch/v1 Job a job (an array's first shard: the whole array) amounts to."""
+def _container(job: Job) -> dict[str, Any]:
+    """The one container: command, image, working directory, environment, limits."""
     container: dict[str, Any] = {"name": "main", "command": [*SHELL, job.command]}
     if job.image:
         container["image"] = job.image
@@ -43,7 +44,11 @@ def job_manifest(job: Job) -> dict[str, Any]:
     if job.memory_mib:
         limits["memory"] = mib_quantity(job.memory_mib)
     container["resources"] = {"limits": limits}
-    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    return container
+
+
+def _affinity(job: Job) -> dict[str, Any] | None:
+    """The GPU model(s) as a required node affinity on the GPU product label, or None."""
     models = (
         [job.gpu_model]
         if job.gpu_model is not None
@@ -51,24 +56,33 @@ def job_manifest(job: Job) -> dict[str, Any]:
         if job.gpu_models
         else []
     )
-    if models:
-        pod["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": GPU_PRODUCT,
-                                    "operator": "In",
-                                    "values": sorted(product_label(m) for m in models),
-                                }
-                            ]
-                        }
-                    ]
-                }
+    if not models:
+        return None
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": GPU_PRODUCT,
+                                "operator": "In",
+                                "values": sorted(product_label(m) for m in models),
+                            }
+                        ]
+                    }
+                ]
             }
         }
+    }
+
+
+def job_manifest(job: Job) -> dict[str, Any]:
+    """The batch/v1 Job a job (an array's first shard: the whole array) amounts to."""
+    container = _container(job)
+    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if (affinity := _affinity(job)) is not None:
+        pod["affinity"] = affinity
     if job.shm_mib:
         container["volumeMounts"] = [{"name": "dshm", "mountPath": SHM_PATH}]
         pod["volumes"] = [
@@ -81,22 +95,14 @@ def job_manifest(job: Job) -> dict[str, Any]:
         f"{ANNOTATION}priority": PriorityClass(job.priority).name.lower(),
         f"{ANNOTATION}preemptible": "true" if job.preemptible else "false",
     }
-    if job.runtime_estimate_s:
-        annotations[f"{ANNOTATION}runtime-estimate-seconds"] = str(job.runtime_estimate_s)
     if job.checkpoint_dir:
         annotations[f"{ANNOTATION}checkpoint-dir"] = job.checkpoint_dir
     if job.precisions:
         annotations[f"{ANNOTATION}precisions"] = ",".join(job.precisions)
-    for key, value in (
-        ("gpu-milli", job.gpu_milli if job.gpu_milli != 1000 else None),
-        ("gpu-memory-mib", job.gpu_memory_mib or None),
-        ("nodes", job.nodes),
-        ("min-gpu-memory-gb", job.min_gpu_memory_gb or None),
-        ("elastic-min", job.elastic_min),
-        ("elastic-max", job.elastic_max),
-    ):
-        if value is not None:
-            annotations[f"{ANNOTATION}{key}"] = str(value)
+    for field in NUMBER_FIELDS:  # the whole-number annotations, unless at their default
+        value = getattr(job, str(field.model))
+        if value is not None and value != field.default:
+            annotations[str(annotation_key(field.manifest_out))] = str(value)
     spec: dict[str, Any] = {"backoffLimit": job.max_restarts, "template": {"spec": pod}}
     if job.time_limit_s:
         spec["activeDeadlineSeconds"] = job.time_limit_s

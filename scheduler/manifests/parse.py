@@ -2,17 +2,29 @@
 
 Every field present is honoured (it changes the job), ignored (accepted, said so in the answer
 and on the job page) or refused (a 400 that names each such field and why, all at once). The
-table is docs/manifests.md; this module is its implementation, in the same order.
+table is docs/manifests.md; this module is its implementation: the keys of the Job, its pod and
+its container are tables (`JOB_KEYS`, `POD_KEYS`, `CONTAINER_KEYS`: honoured by a named step,
+ignored or refused with the reason) walked by `walk`, and `manifest_read` runs the named steps
+that read the honoured keys into the spec's fields. Which manifest path each job-request field
+is read from, and where a validation error points, is declared in `scheduler.job_request`.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from portal.errors import DomainError
 from scheduler.admission import JobSpec, spec_validate
+from scheduler.job_request import (
+    ANNOTATION,
+    annotation_key,
+    manifest_annotations,
+    manifest_error_path,
+    manifest_number_annotations,
+)
 from scheduler.manifests.fields import (
     GPU,
     GPU_LABELS,
@@ -32,7 +44,6 @@ from scheduler.manifests.schema import (
 )
 from scheduler.models import GpuModel, Job, PriorityClass
 
-ANNOTATION = "gpucloud.example/"
 SHM_PATH = "/dev/shm"  # noqa: S108  # a mount point in the container, not a temp file
 MAX_BACKOFF = 10
 KUBERNETES_BACKOFF_DEFAULT = 6
@@ -41,23 +52,8 @@ SHELL = ["/bin/sh", "-c"]  # what the node runs a command with: exported command
 Finding = dict[str, str]
 
 # The portal's annotations: what a Kubernetes Job has no field for (exports write them).
-NUMBER_ANNOTATIONS = (
-    "runtime-estimate-seconds",
-    "gpu-milli",
-    "gpu-memory-mib",
-    "nodes",
-    "min-gpu-memory-gb",
-    "elastic-min",
-    "elastic-max",
-)
-KNOWN_ANNOTATIONS = (
-    "name",
-    "priority",
-    "preemptible",
-    "checkpoint-dir",
-    "precisions",
-    *NUMBER_ANNOTATIONS,
-)
+KNOWN_ANNOTATIONS = manifest_annotations()
+NUMBER_FIELDS = manifest_number_annotations()  # the fields given as a whole-number annotation
 
 
 class ManifestRefused(DomainError):
@@ -158,6 +154,7 @@ class _Reader:
         self.refused: list[Finding] = []
         # Each GPU constraint (limits, nodeSelector, affinity) as the set of models it allows.
         self.model_sets: list[tuple[str, set[str]]] = []
+        self.values: dict[str, Any] = {}  # the spec's fields, as the steps read them
 
     def ignore(self, field: str, why: str) -> None:
         self.ignored.append({"field": field, "why": why})
@@ -293,33 +290,6 @@ class _Reader:
         return out
 
 
-def _spec_error_path(field: str | None, cpath: str) -> str:
-    """Where a JobSpec validation error comes from in the manifest."""
-    return {
-        "name": "metadata.name",
-        "command": f"{cpath}.command",
-        "gpus": f"{cpath}.resources.limits.{GPU}",
-        "gpu_milli": f"metadata.annotations.{ANNOTATION}gpu-milli",
-        "gpu_memory_mib": f"metadata.annotations.{ANNOTATION}gpu-memory-mib",
-        "nodes": f"metadata.annotations.{ANNOTATION}nodes",
-        "precisions": f"metadata.annotations.{ANNOTATION}precisions",
-        "elastic_min": f"metadata.annotations.{ANNOTATION}elastic-min",
-        "gpu_models": f"{cpath}.resources.limits.{GPU_MODEL}",
-        "min_gpu_memory_gb": f"{cpath}.resources.limits.{GPU_MODEL}",
-        "cpu_milli": f"{cpath}.resources",
-        "memory_mib": f"{cpath}.resources",
-        "shm_mib": "spec.template.spec.volumes",
-        "env": f"{cpath}.env",
-        "working_dir": f"{cpath}.workingDir",
-        "checkpoint_dir": f"metadata.annotations.{ANNOTATION}checkpoint-dir",
-        "runtime_estimate_s": f"metadata.annotations.{ANNOTATION}runtime-estimate-seconds",
-        "time_limit_s": "spec.activeDeadlineSeconds",
-        "max_restarts": "spec.backoffLimit",
-        "shard_count": "spec.completions",
-        "priority": f"metadata.annotations.{ANNOTATION}priority",
-    }.get(field or "", "manifest")
-
-
 def manifest_text(raw: str | bytes) -> str:
     """The manifest as text within the size cap (a 413 past it)."""
     if len(raw) > MAX_MANIFEST_BYTES:
@@ -368,14 +338,143 @@ def load_manifest(raw: str | bytes) -> dict[str, Any]:
     return doc
 
 
-def parse_manifest(raw: str | bytes) -> ManifestImport:
-    """The job a Kubernetes Job manifest asks for, the namespace it names, what was ignored."""
-    doc = load_manifest(raw)
-    catalog = list(GpuModel.objects.filter(is_active=True))
-    r = _Reader(catalog)
-    for key in doc:
-        if key == "status" and doc[key] is not None:
-            r.ignore("status", WHY_CLUSTER_META)
+# ---------------------------------------------------------------------- the table of handled keys
+def _given(value: Any) -> bool:
+    return value is not None
+
+
+def _truthy(value: Any) -> bool:
+    return bool(value)
+
+
+def _not_empty(value: Any) -> bool:
+    return value not in ([], {}, False)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one key of a manifest object is handled, when `when(value)` holds (a None value
+    never counts): honoured (a named step reads it), ignored or refused with `why`, or silent
+    (accepted, meaningless, not reported)."""
+
+    verdict: str
+    why: str = ""
+    when: Callable[[Any], bool] = _given
+
+
+HONOURED = Rule("honoured")
+SILENT = Rule("silent")
+
+
+def ignored(why: str, when: Callable[[Any], bool] = _given) -> Rule:
+    return Rule("ignored", why, when)
+
+
+def refused(why: str, when: Callable[[Any], bool] = _given) -> Rule:
+    return Rule("refused", why, when)
+
+
+# The Job's own fields, in the order they are reported.
+JOB_KEYS: dict[str, Rule] = {
+    "completions": HONOURED,  # _job_fields
+    "parallelism": HONOURED,
+    "completionMode": HONOURED,
+    "backoffLimit": HONOURED,
+    "activeDeadlineSeconds": HONOURED,
+    "template": HONOURED,
+    "ttlSecondsAfterFinished": ignored(WHY_TTL),
+    "suspend": ignored(WHY_SUSPEND, when=_truthy),
+    "selector": ignored(WHY_SELECTOR),
+    "manualSelector": ignored(WHY_SELECTOR),
+    **{
+        key: refused(REFUSE_NOT_SUPPORTED)
+        for key in (
+            "backoffLimitPerIndex",
+            "maxFailedIndexes",
+            "podFailurePolicy",
+            "successPolicy",
+            "podReplacementPolicy",
+            "managedBy",
+        )
+    },
+}
+# The pod's fields; any other is refused unless empty.
+POD_KEYS: dict[str, Rule] = {
+    **dict.fromkeys(
+        (
+            "containers",  # _container
+            "restartPolicy",  # the schema allows Never and OnFailure only
+            "nodeSelector",  # _Reader.node_selector
+            "affinity",  # _Reader.affinity
+            "tolerations",  # _Reader.tolerations
+            "volumes",  # _Reader.volumes
+            "activeDeadlineSeconds",  # _job_fields
+        ),
+        HONOURED,
+    ),
+    **dict.fromkeys(
+        ("hostNetwork", "hostIPC", "hostPID"),
+        refused("jobs never share the node's network, IPC or process namespaces.", _truthy),
+    ),
+    "hostUsers": ignored(WHY_SECURITY, when=lambda value: value is not False),
+    "initContainers": refused(
+        "init containers are not supported: run the steps in the command.", _truthy
+    ),
+    "ephemeralContainers": refused(REFUSE_NOT_SUPPORTED, _truthy),
+    **{key: ignored(why) for key, why in IGNORED_POD.items()},
+}
+# The container's fields; any other is refused unless empty.
+CONTAINER_KEYS: dict[str, Rule] = {
+    **dict.fromkeys(
+        (
+            "image",
+            "command",  # _command
+            "args",
+            "workingDir",
+            "env",  # _env
+            "resources",  # _resources
+            "volumeMounts",  # _volume_mounts
+            "securityContext",  # _security
+        ),
+        HONOURED,
+    ),
+    **{key: ignored(why) if why else SILENT for key, why in IGNORED_CONTAINER.items()},
+    "envFrom": refused(
+        "environment from ConfigMaps and Secrets is not supported; give values.", _truthy
+    ),
+}
+OTHER_POD_KEY = refused(REFUSE_NOT_SUPPORTED, when=_not_empty)
+OTHER_CONTAINER_KEY = refused(REFUSE_NOT_SUPPORTED, when=lambda value: value not in ([], {}))
+
+
+def walk(
+    r: _Reader, obj: dict[str, Any], path: str, table: dict[str, Rule], other: Rule = SILENT
+) -> None:
+    """Report every key of `obj` as its rule says (an unlisted key as `other` says)."""
+    for key, value in obj.items():
+        rule = table.get(key, other)
+        if value is None or not rule.when(value):
+            continue
+        if rule.verdict == "ignored":
+            r.ignore(f"{path}.{key}", rule.why)
+        elif rule.verdict == "refused":
+            r.refuse(f"{path}.{key}", rule.why)
+
+
+def walk_listed(r: _Reader, obj: dict[str, Any], path: str, table: dict[str, Rule]) -> None:
+    """The same in the table's order, for its keys only (the schema refuses any other)."""
+    walk(r, {key: obj.get(key) for key in table}, path, table)
+
+
+# ---------------------------------------------------------------------- the steps
+POD = "spec.template.spec"
+CONTAINER = f"{POD}.containers[0]"
+
+
+def _job_meta(r: _Reader, doc: dict[str, Any]) -> None:
+    """status, metadata; the job's name (an annotation may give one Kubernetes cannot)."""
+    if doc.get("status") is not None:
+        r.ignore("status", WHY_CLUSTER_META)
     meta = doc.get("metadata") or {}
     r.metadata(meta, "metadata", top=True)
     name = meta.get("name") or meta.get("generateName")
@@ -383,18 +482,16 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
         r.refuse("metadata.name", "is required: it names the job.")
         name = "job"
     annotations = meta.get("annotations") or {}
-
-    spec = doc.get("spec") or {}
-    template = spec.get("template") or {}
+    r.values["name"] = str(annotations.get(f"{ANNOTATION}name") or name).strip()[:100]
+    template = (doc.get("spec") or {}).get("template") or {}
     r.metadata(template.get("metadata") or {}, "spec.template.metadata", top=False)
-    pod = template.get("spec") or {}
-    pod_path = "spec.template.spec"
 
-    # --- the Job's own fields
+
+def _job_fields(r: _Reader, spec: dict[str, Any], pod: dict[str, Any]) -> None:
+    """completions (an Indexed Job is an array), backoffLimit, activeDeadlineSeconds."""
     shard_count = 1
     completions, parallelism = spec.get("completions"), spec.get("parallelism")
-    indexed = spec.get("completionMode") == "Indexed"
-    if indexed:
+    if spec.get("completionMode") == "Indexed":
         if completions is None:
             r.refuse("spec.completions", "an Indexed Job needs completions: the shard count.")
         else:
@@ -422,101 +519,43 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
     if pod.get("activeDeadlineSeconds") is not None:
         pod_limit = pod["activeDeadlineSeconds"]
         time_limit = pod_limit if time_limit is None else min(time_limit, pod_limit)
-    if spec.get("ttlSecondsAfterFinished") is not None:
-        r.ignore("spec.ttlSecondsAfterFinished", WHY_TTL)
-    if spec.get("suspend"):
-        r.ignore("spec.suspend", WHY_SUSPEND)
-    for key in ("selector", "manualSelector"):
-        if spec.get(key) is not None:
-            r.ignore(f"spec.{key}", WHY_SELECTOR)
-    for key in (
-        "backoffLimitPerIndex",
-        "maxFailedIndexes",
-        "podFailurePolicy",
-        "successPolicy",
-        "podReplacementPolicy",
-        "managedBy",
-    ):
-        if spec.get(key) is not None:
-            r.refuse(f"spec.{key}", REFUSE_NOT_SUPPORTED)
+    r.values |= {"shard_count": shard_count, "max_restarts": backoff, "time_limit_s": time_limit}
+    walk_listed(r, spec, "spec", JOB_KEYS)
 
-    # --- the pod
-    honoured_pod = {
-        "containers",
-        "restartPolicy",
-        "nodeSelector",
-        "affinity",
-        "tolerations",
-        "volumes",
-        "activeDeadlineSeconds",
-    }
-    for key, value in pod.items():
-        if value is None or key in honoured_pod:
-            continue
-        where = f"{pod_path}.{key}"
-        if key in ("hostNetwork", "hostIPC", "hostPID"):
-            if value:
-                r.refuse(where, "jobs never share the node's network, IPC or process namespaces.")
-        elif key == "hostUsers":
-            if value is False:
-                continue
-            r.ignore(where, WHY_SECURITY)
-        elif key == "initContainers" and value:
-            r.refuse(where, "init containers are not supported: run the steps in the command.")
-        elif key == "ephemeralContainers" and value:
-            r.refuse(where, REFUSE_NOT_SUPPORTED)
-        elif key in IGNORED_POD:
-            r.ignore(where, IGNORED_POD[key])
-        elif value not in ([], {}, False):
-            r.refuse(where, REFUSE_NOT_SUPPORTED)
+
+def _pod_fields(r: _Reader, pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pod's keys, its node choice; returns its emptyDir volumes by name."""
+    walk(r, pod, POD, POD_KEYS, OTHER_POD_KEY)
     if pod.get("nodeSelector"):
-        r.node_selector(pod["nodeSelector"], f"{pod_path}.nodeSelector")
+        r.node_selector(pod["nodeSelector"], f"{POD}.nodeSelector")
     if pod.get("affinity"):
-        r.affinity(pod["affinity"], f"{pod_path}.affinity")
+        r.affinity(pod["affinity"], f"{POD}.affinity")
     if pod.get("tolerations"):
-        r.tolerations(pod["tolerations"], f"{pod_path}.tolerations")
-    empty_dirs = r.volumes(pod.get("volumes") or [], f"{pod_path}.volumes")
+        r.tolerations(pod["tolerations"], f"{POD}.tolerations")
+    return r.volumes(pod.get("volumes") or [], f"{POD}.volumes")
 
+
+def _container(r: _Reader, pod: dict[str, Any]) -> dict[str, Any]:
+    """The one container (others refused), its keys walked; {} when there is none."""
     containers = pod.get("containers") or []
     for i in range(1, len(containers)):
         r.refuse(
-            f"{pod_path}.containers[{i}]",
-            "only one container is supported: run helpers inside it.",
+            f"{POD}.containers[{i}]", "only one container is supported: run helpers inside it."
         )
-    cpath = f"{pod_path}.containers[0]"
-    c: dict[str, Any] = containers[0] if containers else {}
     if not containers:
-        r.refuse(f"{pod_path}.containers", "give one container.")
-    for key, value in c.items():
-        if value is None:
-            continue
-        where = f"{cpath}.{key}"
-        if key in (
-            "image",
-            "command",
-            "args",
-            "workingDir",
-            "env",
-            "resources",
-            "volumeMounts",
-            "securityContext",
-        ):
-            continue
-        if key in IGNORED_CONTAINER:
-            if IGNORED_CONTAINER[key]:
-                r.ignore(where, IGNORED_CONTAINER[key])
-        elif key == "envFrom" and value:
-            r.refuse(
-                where, "environment from ConfigMaps and Secrets is not supported; give values."
-            )
-        elif value not in ([], {}):
-            r.refuse(where, REFUSE_NOT_SUPPORTED)
+        r.refuse(f"{POD}.containers", "give one container.")
+        return {}
+    c: dict[str, Any] = containers[0]
+    walk(r, c, CONTAINER, CONTAINER_KEYS, OTHER_CONTAINER_KEY)
+    return c
 
-    security = c.get("securityContext") or {}
-    for key, value in security.items():
+
+def _security(r: _Reader, c: dict[str, Any]) -> None:
+    """Nothing privileged; every other security setting is the node's own."""
+    for key, value in (c.get("securityContext") or {}).items():
         if value is None:
             continue
-        where = f"{cpath}.securityContext.{key}"
+        where = f"{CONTAINER}.securityContext.{key}"
         if key == "privileged" and value:
             r.refuse(where, "privileged containers are not allowed.")
         elif key == "allowPrivilegeEscalation" and value:
@@ -526,32 +565,40 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
         elif key not in ("privileged", "allowPrivilegeEscalation"):
             r.ignore(where, WHY_SECURITY)
 
+
+def _command(r: _Reader, c: dict[str, Any], *, given: bool) -> None:
+    """command + args: `sh -c TEXT` is TEXT, anything else the argv joined for a shell."""
     argv = [str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
-    if not argv and containers:
+    if not argv and given:
         r.refuse(
-            f"{cpath}.command", "give the command to run (the image's entrypoint is not read)."
+            f"{CONTAINER}.command", "give the command to run (the image's entrypoint is not read)."
         )
     command = argv[2] if len(argv) == 3 and argv[:2] == SHELL else shlex.join(argv)
+    r.values |= {
+        "command": command,
+        "image": str(c.get("image") or "")[:300],
+        "working_dir": str(c.get("workingDir") or ""),
+    }
 
+
+def _env(r: _Reader, c: dict[str, Any]) -> None:
+    """Plain values only: values from Secrets, ConfigMaps or fields are refused."""
     env: dict[str, str] = {}
     for i, item in enumerate(c.get("env") or []):
         if item.get("valueFrom") is not None:
             r.refuse(
-                f"{cpath}.env[{i}].valueFrom",
+                f"{CONTAINER}.env[{i}].valueFrom",
                 f"{item.get('name')}: values from Secrets, ConfigMaps or fields are not "
                 "supported; give a value.",
             )
             continue
         env[str(item.get("name", ""))] = str(item.get("value") or "")
+    r.values["env"] = env
 
-    # --- resources
-    resources = c.get("resources") or {}
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
-    rpath = f"{cpath}.resources"
-    for key in resources:
-        if key not in ("limits", "requests") and resources[key] is not None:
-            r.refuse(f"{rpath}.{key}", REFUSE_NOT_SUPPORTED)
+
+def _gpu_count(r: _Reader, limits: dict[str, Any], requests: dict[str, Any]) -> None:
+    """nvidia.com/gpu (required, whole, requests equal to limits) and the GPU model limit."""
+    rpath = f"{CONTAINER}.resources"
     gpus = 1
     if GPU not in limits:
         r.refuse(f"{rpath}.limits.{GPU}", "is required: how many GPUs the job needs.")
@@ -562,12 +609,20 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
             r.refuse(f"{rpath}.limits.{GPU}", f"'{limits[GPU]}' is not a whole number of GPUs.")
         if GPU in requests and str(requests[GPU]) != str(limits[GPU]):
             r.refuse(f"{rpath}.requests.{GPU}", "must equal the limit, as Kubernetes requires.")
+    r.values["gpus"] = gpus
     if limits.get(GPU_MODEL) is not None:
         r.allow_models(f"{rpath}.limits.{GPU_MODEL}", [str(limits[GPU_MODEL])])
     if requests.get(GPU_MODEL) is not None and requests.get(GPU_MODEL) != limits.get(GPU_MODEL):
         r.allow_models(f"{rpath}.requests.{GPU_MODEL}", [str(requests[GPU_MODEL])])
-    sizes: dict[str, int] = {}
-    for kind, parse in (("cpu", cpu_milli), ("memory", memory_mib)):
+
+
+def _cpu_memory(r: _Reader, limits: dict[str, Any], requests: dict[str, Any]) -> None:
+    """cpu and memory: the node reserves, and holds the job to, the limit (else the request)."""
+    rpath = f"{CONTAINER}.resources"
+    for kind, parse, spec_field in (
+        ("cpu", cpu_milli, "cpu_milli"),
+        ("memory", memory_mib, "memory_mib"),
+    ):
         amounts = {}
         for side, values in (("requests", requests), ("limits", limits)):
             if values.get(kind) is None:
@@ -585,8 +640,20 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
             and amounts["requests"] > amounts["limits"]
         ):
             r.refuse(f"{rpath}.requests.{kind}", "is more than the limit.")
-        # The node reserves, and holds the job to, the limit (the request without one).
-        sizes[kind] = amounts.get("limits", amounts.get("requests", 0))
+        r.values[spec_field] = amounts.get("limits", amounts.get("requests", 0))
+
+
+def _resources(r: _Reader, c: dict[str, Any]) -> None:
+    """limits and requests: GPUs, the GPU model, cpu, memory; other resources are not offered."""
+    resources = c.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    rpath = f"{CONTAINER}.resources"
+    for key in resources:
+        if key not in ("limits", "requests") and resources[key] is not None:
+            r.refuse(f"{rpath}.{key}", REFUSE_NOT_SUPPORTED)
+    _gpu_count(r, limits, requests)
+    _cpu_memory(r, limits, requests)
     for side, values in (("requests", requests), ("limits", limits)):
         for key in values:
             if key in (GPU, GPU_MODEL, "cpu", "memory"):
@@ -596,52 +663,57 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
             else:
                 r.refuse(f"{rpath}.{side}.{key}", f"the resource '{key}' is not offered.")
 
-    # --- volumes and mounts: emptyDir only; a memory-backed one at /dev/shm is shared memory
+
+def _shm_size(r: _Reader, vol_name: str, empty_dir: dict[str, Any]) -> int:
+    """A memory-backed emptyDir's size in MiB: its sizeLimit, else the memory limit."""
+    size = empty_dir.get("sizeLimit")
+    where = f"{POD}.volumes.{vol_name}.emptyDir.sizeLimit"
+    if size is not None:
+        try:
+            return memory_mib(size)
+        except QuantityError as exc:
+            r.refuse(where, f"{exc}.")
+            return 0
+    if r.values["memory_mib"]:
+        return int(r.values["memory_mib"])  # Kubernetes counts it against the memory limit
+    r.refuse(where, "give a sizeLimit (or a memory limit): shared memory needs a size.")
+    return 0
+
+
+def _volume_mounts(r: _Reader, c: dict[str, Any], empty_dirs: dict[str, dict[str, Any]]) -> None:
+    """emptyDir only; a memory-backed one at /dev/shm is shared memory (shm_mib)."""
     shm_mib = 0
     mounted: set[str] = set()
     for i, mount in enumerate(c.get("volumeMounts") or []):
-        where = f"{cpath}.volumeMounts[{i}]"
+        where = f"{CONTAINER}.volumeMounts[{i}]"
         vol_name, mount_path = str(mount.get("name")), str(mount.get("mountPath"))
         mounted.add(vol_name)
-        extra = [
-            k
-            for k, v in mount.items()
-            if k not in ("name", "mountPath", "readOnly") and v not in (None, "")
-        ]
-        for key in extra:
-            r.refuse(f"{where}.{key}", REFUSE_NOT_SUPPORTED)
+        for key, value in mount.items():
+            if key not in ("name", "mountPath", "readOnly") and value not in (None, ""):
+                r.refuse(f"{where}.{key}", REFUSE_NOT_SUPPORTED)
         if vol_name not in empty_dirs:
-            if not any(f["field"].startswith(f"{pod_path}.volumes") for f in r.refused):
+            if not any(f["field"].startswith(f"{POD}.volumes") for f in r.refused):
                 r.refuse(f"{where}.name", f"no emptyDir volume named '{vol_name}'.")
             continue
         empty_dir = empty_dirs[vol_name]
-        if empty_dir.get("medium") == "Memory":
-            if mount_path.rstrip("/") != SHM_PATH:
-                r.refuse(
-                    f"{where}.mountPath",
-                    f"'{mount_path}': a memory-backed volume is offered at {SHM_PATH} only.",
-                )
-                continue
-            size = empty_dir.get("sizeLimit")
-            if size is not None:
-                try:
-                    shm_mib = memory_mib(size)
-                except QuantityError as exc:
-                    r.refuse(f"{pod_path}.volumes.{vol_name}.emptyDir.sizeLimit", f"{exc}.")
-            elif sizes["memory"]:
-                shm_mib = sizes["memory"]  # Kubernetes counts it against the memory limit
-            else:
-                r.refuse(
-                    f"{pod_path}.volumes.{vol_name}.emptyDir.sizeLimit",
-                    "give a sizeLimit (or a memory limit): shared memory needs a size.",
-                )
-        else:
+        if empty_dir.get("medium") != "Memory":
             r.ignore(f"{where}", f"{mount_path}: {WHY_DISK_EMPTYDIR}")
+        elif mount_path.rstrip("/") != SHM_PATH:
+            r.refuse(
+                f"{where}.mountPath",
+                f"'{mount_path}': a memory-backed volume is offered at {SHM_PATH} only.",
+            )
+        else:
+            shm_mib = _shm_size(r, vol_name, empty_dir)
     for vol_name in empty_dirs:
         if vol_name not in mounted:
-            r.ignore(f"{pod_path}.volumes.{vol_name}", "not mounted by the container.")
+            r.ignore(f"{POD}.volumes.{vol_name}", "not mounted by the container.")
+    r.values["shm_mib"] = shm_mib
 
-    # --- the GPU model(s): every constraint holds, each allows any of its models
+
+def _gpu_models(r: _Reader) -> None:
+    """Every GPU constraint holds (limits, nodeSelector, affinity), each allows any of its
+    models: one model left is gpu_model, several are gpu_models."""
     gpu_model: GpuModel | None = None
     gpu_models: tuple[str, ...] = ()
     if r.model_sets:
@@ -655,73 +727,84 @@ def parse_manifest(raw: str | bytes) -> ManifestImport:
                     f"{fields} together.",
                 )
         else:
-            ordered = [m for m in catalog if m.name in allowed]
+            ordered = [m for m in r.catalog if m.name in allowed]
             if len(ordered) == 1:
                 gpu_model = ordered[0]
             else:
                 gpu_models = tuple(m.name for m in ordered)
+    r.values |= {"gpu_model": gpu_model, "gpu_models": gpu_models}
 
-    # --- the portal's own annotations: what Kubernetes has no field for
+
+def _annotations(r: _Reader, annotations: dict[str, Any]) -> None:
+    """The portal's own annotations: what a Kubernetes Job has no field for."""
     priority_name = str(annotations.get(f"{ANNOTATION}priority", "normal")).upper()
     if priority_name not in PriorityClass.names:
         r.refuse(f"metadata.annotations.{ANNOTATION}priority", "use low, normal, high or urgent.")
         priority_name = "NORMAL"
     numbers: dict[str, int | None] = {}
-    for key in NUMBER_ANNOTATIONS:
-        value = annotations.get(f"{ANNOTATION}{key}")
-        numbers[key] = None
+    for field in NUMBER_FIELDS:
+        key = str(annotation_key(field.manifest_in))
+        value = annotations.get(key)
+        numbers[field.name] = None
         if value is not None:
             if str(value).isdigit() and len(str(value)) < 10:
-                numbers[key] = int(str(value))
+                numbers[field.name] = int(str(value))
             else:
-                r.refuse(f"metadata.annotations.{ANNOTATION}{key}", "a whole number.")
-    precisions_text = str(annotations.get(f"{ANNOTATION}precisions") or "")
+                r.refuse(f"metadata.annotations.{key}", "a whole number.")
     for key in annotations:
         if str(key).startswith(ANNOTATION) and str(key)[len(ANNOTATION) :] not in KNOWN_ANNOTATIONS:
             r.refuse(
                 f"metadata.annotations.{key}",
                 f"unknown; the {ANNOTATION} annotations are " + ", ".join(KNOWN_ANNOTATIONS) + ".",
             )
+    precisions = str(annotations.get(f"{ANNOTATION}precisions") or "")
     nodes = numbers["nodes"]
-    job_name = str(annotations.get(f"{ANNOTATION}name") or name)
+    r.values |= {
+        **numbers,
+        "gpu_milli": numbers["gpu_milli"] or 1000,
+        "gpu_memory_mib": numbers["gpu_memory_mib"] or 0,
+        "min_gpu_memory_gb": numbers["min_gpu_memory_gb"] or 0,
+        "gpus_per_node": r.values["gpus"] if nodes is not None else None,
+        "priority": PriorityClass[priority_name].value,
+        "preemptible": str(annotations.get(f"{ANNOTATION}preemptible", "false")).lower() == "true",
+        "precisions": tuple(p for p in precisions.replace(" ", "").split(",") if p),
+        "checkpoint_dir": str(annotations.get(f"{ANNOTATION}checkpoint-dir") or ""),
+    }
 
+
+def manifest_read(doc: dict[str, Any], catalog: list[GpuModel]) -> _Reader:
+    """Every step over a schema-valid Job: the spec's fields in `values`, what was ignored
+    and refused (no database: the catalog is given)."""
+    r = _Reader(catalog)
+    spec = doc.get("spec") or {}
+    pod = (spec.get("template") or {}).get("spec") or {}
+    _job_meta(r, doc)
+    _job_fields(r, spec, pod)
+    empty_dirs = _pod_fields(r, pod)
+    c = _container(r, pod)
+    _security(r, c)
+    _command(r, c, given=bool(pod.get("containers")))
+    _env(r, c)
+    _resources(r, c)
+    _volume_mounts(r, c, empty_dirs)
+    _gpu_models(r)
+    _annotations(r, (doc.get("metadata") or {}).get("annotations") or {})
+    return r
+
+
+def parse_manifest(raw: str | bytes) -> ManifestImport:
+    """The job a Kubernetes Job manifest asks for, the namespace it names, what was ignored;
+    every refusal is answered at once."""
+    doc = load_manifest(raw)
+    r = manifest_read(doc, list(GpuModel.objects.filter(is_active=True)))
     if r.refused:
         raise ManifestRefused(r.refused)
-    job_spec = JobSpec(
-        name=job_name.strip()[:100],
-        command=command,
-        image=str(c.get("image") or "")[:300],
-        env=env,
-        gpus=gpus,
-        gpu_model=gpu_model,
-        gpu_models=gpu_models,
-        cpu_milli=sizes["cpu"],
-        memory_mib=sizes["memory"],
-        shm_mib=shm_mib,
-        priority=PriorityClass[priority_name].value,
-        preemptible=str(annotations.get(f"{ANNOTATION}preemptible", "false")).lower() == "true",
-        runtime_estimate_s=numbers["runtime-estimate-seconds"],
-        gpu_milli=numbers["gpu-milli"] or 1000,
-        gpu_memory_mib=numbers["gpu-memory-mib"] or 0,
-        nodes=nodes,
-        gpus_per_node=gpus if nodes is not None else None,
-        min_gpu_memory_gb=numbers["min-gpu-memory-gb"] or 0,
-        precisions=tuple(p for p in precisions_text.replace(" ", "").split(",") if p),
-        elastic_min=numbers["elastic-min"],
-        elastic_max=numbers["elastic-max"],
-        time_limit_s=time_limit,
-        checkpoint_dir=str(annotations.get(f"{ANNOTATION}checkpoint-dir") or ""),
-        working_dir=str(c.get("workingDir") or ""),
-        max_restarts=backoff,
-        shard_count=shard_count,
-        source=Job.Source.MANIFEST,
-        manifest_ignored=tuple(r.ignored),
-    )
+    job_spec = JobSpec(**r.values, source=Job.Source.MANIFEST, manifest_ignored=tuple(r.ignored))
     try:
         job_spec = spec_validate(job_spec)
     except DomainError as exc:
         raise ManifestRefused(
-            [{"field": _spec_error_path(exc.field, cpath), "why": exc.message}]
+            [{"field": manifest_error_path(exc.field, CONTAINER), "why": exc.message}]
         ) from None
-    namespace = meta.get("namespace")
+    namespace = (doc.get("metadata") or {}).get("namespace")
     return ManifestImport(job_spec, str(namespace) if namespace else None, r.ignored)
