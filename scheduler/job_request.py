@@ -289,7 +289,8 @@ FIELDS: tuple[RequestField, ...] = (
         api_in="checkpoint_dir", api_out="checkpoint_dir", form="checkpoint_dir",
         manifest_in=annotation("checkpoint-dir"), manifest_out=annotation("checkpoint-dir"),
         cli="--checkpoint-dir", model="checkpoint_dir", slurm="CHECKPOINT_DIR in the script",
-        assignment="checkpoint_dir", template="checkpoint_dir",
+        assignment=Absent("the agent takes no host path: a checkpoint is a volume and a path"),
+        template="checkpoint_dir",
     ),
     RequestField(
         name="working_dir", kind="str", help="the command's working directory", default="",

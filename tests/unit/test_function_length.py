@@ -18,17 +18,6 @@ CANNOT_CUT = "Not cut into steps:"
 PRODUCT_FOLDERS = sorted(OUR_PACKAGES | {"cli"})
 NOT_PRODUCT = {"tests", "bench", "migrations"}
 
-# TEMPORARY (issue 26, section 3): these are cut in parallel on another branch, which owns
-# their files; the integrator removes this set when merging that branch.
-BEING_CUT_ELSEWHERE = {
-    "scheduler/manifests/parse.py::parse_manifest",
-    "scheduler/admission.py::spec_validate",
-    "scheduler/admission.py::admission_verdict",
-    "scheduler/admission.py::job_submit",
-    # Not one of the four, but in scheduler/manifests/, the folder the same branch owns.
-    "scheduler/manifests/export.py::job_manifest",
-}
-
 
 def is_argparse_builder(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """An argparse builder, which may be long (one `add_argument` per option): a function whose
@@ -77,23 +66,11 @@ def test_no_function_in_the_product_packages_is_over_the_limit_without_saying_wh
         for path in files
         for rel in [path.relative_to(ROOT).as_posix()]
         for name, lines in long_functions(path.read_text())
-        if f"{rel}::{name}" not in BEING_CUT_ELSEWHERE
     ]
     assert too_long == [], (
         f"cut these into named steps (at most {MAX_LINES} lines each), or say in the "
         f"docstring, after {CANNOT_CUT!r}, why they cannot be cut"
     )
-
-
-def test_the_temporary_exemptions_name_functions_that_exist():
-    """An exemption that names nothing (renamed, moved, already cut) is dropped, not kept."""
-    for entry in sorted(BEING_CUT_ELSEWHERE):
-        rel, _, name = entry.partition("::")
-        tree = ast.parse((ROOT / rel).read_text())
-        assert any(
-            isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
-            for n in ast.walk(tree)
-        ), entry
 
 
 def _body(lines: int) -> str:

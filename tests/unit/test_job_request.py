@@ -243,8 +243,11 @@ def test_spec_api_and_cli_carry_nothing_undeclared():
 
 
 def _volumes(**surfaces: Any) -> RequestField:
-    every = {str(s): "volumes" for s in Surface if s != Surface.SPEC}
-    return RequestField(name="volumes", kind="str_list", help="volumes", **(every | surfaces))
+    """A field no surface has (the name is nobody's key, unlike storage's real `volumes`)."""
+    every = {str(s): "scratch_mounts_x" for s in Surface if s != Surface.SPEC}
+    return RequestField(
+        name="scratch_mounts_x", kind="str_list", help="mounts", **(every | surfaces)
+    )
 
 
 def test_a_new_field_no_surface_carries_is_named_at_every_surface():
@@ -259,7 +262,9 @@ def test_a_new_field_must_answer_every_surface():
             **{str(s): "volumes" for s in Surface if s not in (Surface.SPEC, Surface.TEMPLATE)},
         )  # fmt: skip
     declined = _volumes(template=Absent(" "))
-    assert "volumes @ template: neither carried nor absent with a reason" in gaps((declined,))
+    assert "scratch_mounts_x @ template: neither carried nor absent with a reason" in gaps(
+        (declined,)
+    )
 
 
 def test_the_export_reads_back_as_the_same_request():
