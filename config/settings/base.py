@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_totp",
     "portal",
     "scheduler",
+    "storage",
     "billing",
     "monitoring",
     "web",
@@ -408,6 +409,7 @@ CELERY_TASK_ROUTES = {
     "provisioning.*": {"queue": "provisioning"},
     "telemetry.*": {"queue": "telemetry"},
     "billing.*": {"queue": "billing"},
+    "storage.*": {"queue": "default"},
 }
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
@@ -431,9 +433,11 @@ CELERY_BEAT_SCHEDULE = {
 
 from config.settings.billing import *  # noqa: E402,F403
 from config.settings.monitoring import *  # noqa: E402,F403
+from config.settings.storage import *  # noqa: E402,F403
 
 CELERY_BEAT_SCHEDULE.update(BILLING_BEAT_SCHEDULE)  # noqa: F405
 CELERY_BEAT_SCHEDULE.update(MONITORING_BEAT_SCHEDULE)  # noqa: F405
+CELERY_BEAT_SCHEDULE.update(STORAGE_BEAT_SCHEDULE)  # noqa: F405
 
 # Provisioning
 AGENT_PORTAL_URL = env("AGENT_PORTAL_URL", default="http://127.0.0.1:8000")

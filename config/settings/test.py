@@ -35,3 +35,9 @@ PROVISIONING_SPAWN_AGENTS = False  # tests start agents themselves
 WEBHOOK_ALLOW_PRIVATE_HOSTS = True
 WEBHOOK_RETRY_SECONDS = 0.2
 WEBHOOK_MAX_ATTEMPTS = 3
+
+# Storage: dataset imports come from a server on loopback; files land in this run's directory.
+STORAGE_IMPORT_ALLOW_PRIVATE_HOSTS = True
+STORAGE_SHARED_ROOT = os.environ.get("STORAGE_SHARED_ROOT") or str(
+    BASE_DIR / "var" / f"shared-storage-test-{TEST_RUN_ID}"  # noqa: F405
+)
