@@ -85,8 +85,8 @@ class Volume(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["project", "name"],
-                condition=~Q(state="deleted"),
-                name="volume_name_unique_live",
+                condition=Q(state="active"),
+                name="volume_name_unique_active",
                 violation_error_message="The project already has a volume of that name.",
             ),
             models.CheckConstraint(

@@ -10,7 +10,7 @@ from django.db.models import Count, QuerySet, Sum
 from portal.errors import NotFound
 from portal.models import Project, User
 from portal.selectors import project_get_visible
-from storage.models import LIVE_STATES, StorageQuota, StorageQuotaRequest, Volume
+from storage.models import LIVE_STATES, StorageQuota, StorageQuotaRequest, Volume, VolumeState
 
 
 def volume_list(*, project: Project) -> QuerySet[Volume]:
@@ -52,8 +52,11 @@ def storage_quota_gib(*, project: Project) -> int:
 
 
 def storage_allocated_gib(*, project: Project) -> int:
-    """What the project's live volumes' size limits add up to: what the quota counts."""
-    total = volume_list(project=project).aggregate(total=Sum("size_gib"))["total"]
+    """What the project's active volumes' size limits add up to: what the quota counts (a
+    volume being deleted no longer does)."""
+    total = Volume.objects.filter(project=project, state=VolumeState.ACTIVE).aggregate(
+        total=Sum("size_gib")
+    )["total"]
     return int(total or 0)
 
 
@@ -76,12 +79,14 @@ class StorageUsage:
 
 
 def storage_usage(*, project: Project) -> StorageUsage:
-    totals = volume_list(project=project).aggregate(gib=Sum("size_gib"), used=Sum("used_bytes"))
+    totals = Volume.objects.filter(project=project, state=VolumeState.ACTIVE).aggregate(
+        gib=Sum("size_gib"), used=Sum("used_bytes"), n=Count("id")
+    )
     return StorageUsage(
         quota_gib=storage_quota_gib(project=project),
         allocated_gib=int(totals["gib"] or 0),
         used_bytes=int(totals["used"] or 0),
-        volumes=volume_list(project=project).count(),
+        volumes=int(totals["n"] or 0),
     )
 
 
@@ -107,18 +112,11 @@ def storage_overview() -> list[tuple[Project, StorageUsage]]:
     quotas = dict(StorageQuota.objects.values_list("project_id", "max_gib"))
     totals = {
         row["project_id"]: row
-        for row in Volume.objects.filter(state__in=LIVE_STATES)
+        for row in Volume.objects.filter(state=VolumeState.ACTIVE)
         .values("project_id")
-        .annotate(gib=Sum("size_gib"), used=Sum("used_bytes"))
+        .annotate(gib=Sum("size_gib"), used=Sum("used_bytes"), n=Count("id"))
         .order_by()
     }
-    counts = dict(
-        Volume.objects.filter(state__in=LIVE_STATES)
-        .values("project_id")
-        .annotate(n=Count("id"))
-        .order_by()
-        .values_list("project_id", "n")
-    )
     out = []
     for project in Project.objects.order_by("name"):
         row = totals.get(project.pk, {})
@@ -129,7 +127,7 @@ def storage_overview() -> list[tuple[Project, StorageUsage]]:
                     quota_gib=int(quotas.get(project.pk, settings.STORAGE_DEFAULT_QUOTA_GIB)),
                     allocated_gib=int(row.get("gib") or 0),
                     used_bytes=int(row.get("used") or 0),
-                    volumes=int(counts.get(project.pk, 0)),
+                    volumes=int(row.get("n") or 0),
                 ),
             )
         )

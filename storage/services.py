@@ -99,7 +99,7 @@ def volume_create(
 
         import_url_check(source_url)
     quota = _quota_locked(project)
-    if Volume.objects.filter(project=project, name=name, state__in=LIVE_STATES).exists():
+    if Volume.objects.filter(project=project, name=name, state=VolumeState.ACTIVE).exists():
         raise Conflict(f"{project.slug} already has a volume named {name!r}.", code="name_taken")
     quota_check(project=project, quota=quota, adding_gib=size_gib, field="size_gib")
     try:

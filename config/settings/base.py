@@ -286,6 +286,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "VolumeKindEnum": "storage.models.VolumeKind",
+    },
     # The docs page lists the groups in this order (portal.api.schema.PortalAutoSchema.get_tags).
     "TAGS": [
         {

@@ -12,6 +12,10 @@ from storage.models import MAX_VOLUME_GIB, StorageQuotaRequest, Volume, VolumeKi
 class VolumeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
     read_only = serializers.BooleanField(read_only=True)
     progress_percent = serializers.IntegerField(read_only=True)
+    state = serializers.CharField(read_only=True, help_text="active, deleting or deleted")
+    fill_state = serializers.CharField(
+        read_only=True, help_text="Datasets: empty, uploading, importing, ready or failed."
+    )
 
     class Meta:
         model = Volume
@@ -89,6 +93,8 @@ class StorageQuotaSetSerializer(serializers.Serializer):  # type: ignore[type-ar
 
 
 class StorageRequestSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    status = serializers.CharField(read_only=True, help_text="pending, approved or declined")
+
     class Meta:
         model = StorageQuotaRequest
         fields = [
