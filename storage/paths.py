@@ -10,6 +10,7 @@ followed.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from portal.errors import DomainError
+from portal.errors import Conflict, DomainError
 
 # Container paths a volume may not be mounted at (the runtime's own, or the job's workspace).
 RESERVED_CONTAINER_PATHS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/lib")
@@ -84,8 +85,11 @@ def volume_dir_fd(volume_id: int, *, create: bool) -> Iterator[int]:
                 pass
         try:
             fd = os.open(name, NOFOLLOW_DIR, dir_fd=root_fd)
-        except (NotADirectoryError, OSError) as exc:
-            raise DomainError(f"The volume's directory cannot be opened safely ({exc.strerror}).")
+        except OSError as exc:
+            raise Conflict(
+                f"The volume's directory cannot be opened safely ({exc.strerror}).",
+                code="unsafe_path",
+            ) from None
     try:
         yield fd
     finally:
@@ -97,7 +101,16 @@ def open_file(dir_fd: int, name: str, flags: int, mode: int = 0o640) -> int:
     file is accepted."""
     if name != safe_file_name(name):
         raise DomainError("Not a safe file name.", field="file_name")
-    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR, errno.EACCES):
+            raise Conflict(
+                f"{name} in the volume is not a regular file any more ({exc.strerror}); the "
+                "portal does not follow links there. Start the upload again.",
+                code="unsafe_path",
+            ) from None
+        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise DomainError(f"{name} is not a regular file.", field="file_name")
