@@ -15,6 +15,7 @@ no private or local address unless STORAGE_IMPORT_ALLOW_PRIVATE_HOSTS), then the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import os
@@ -85,10 +86,8 @@ def dataset_upload_start(*, actor: User, volume: Volume, file_name: str, size_by
         return volume
     with volume_dir_fd(volume.pk, create=True) as dir_fd:
         if volume.file_name and volume.file_name != name:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(volume.file_name, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
         fd = open_file(dir_fd, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.close(fd)
     volume.file_name, volume.size_bytes, volume.upload_offset = name, size_bytes, 0
@@ -123,11 +122,20 @@ def _sha256_of(dir_fd: int, name: str) -> str:
 
 
 @transaction.atomic
-def dataset_upload_chunk(*, actor: User, volume: Volume, offset: int, data: bytes) -> Volume:
+def dataset_upload_chunk(
+    *, actor: User, volume: Volume, offset: int | None, data: bytes | None
+) -> Volume:
     """Write `data` at `offset`, which must be the offset received so far (a 409 says which
-    it is otherwise). The chunk that completes the file seals the dataset with its SHA-256."""
+    it is otherwise). The chunk that completes the file seals the dataset with its SHA-256.
+    (None: the request gave no offset, or no raw bytes.)"""
     require_role(user=actor, project=volume.project, roles=(Role.OWNER, Role.MEMBER))
     _require_dataset(volume)
+    if offset is None:
+        raise DomainError(
+            "Send the chunk's start in the Upload-Offset header (a number).", field="Upload-Offset"
+        )
+    if data is None:
+        raise DomainError("Send the chunk as application/octet-stream.", field="Content-Type")
     volume = _locked(volume)
     _sealed(volume)
     if volume.fill_state != FillState.UPLOADING:
@@ -205,7 +213,9 @@ def import_url_check(url: str, *, field: str = "source_url") -> None:
 
 
 def _fail(volume_id: int, message: str) -> None:
-    Volume.objects.filter(pk=volume_id).update(fill_state=FillState.FAILED, fill_error=message[:500])
+    Volume.objects.filter(pk=volume_id).update(
+        fill_state=FillState.FAILED, fill_error=message[:500]
+    )
     volume = Volume.objects.select_related("project").get(pk=volume_id)
     audit_record(
         actor=None,

@@ -67,9 +67,7 @@ class Volume(models.Model):
     file_name = models.CharField(max_length=200, blank=True, help_text="Sanitised file name.")
     size_bytes = models.BigIntegerField(default=0, help_text="The dataset's size once complete.")
     upload_offset = models.BigIntegerField(default=0, help_text="Bytes received so far.")
-    fill_state = models.CharField(
-        max_length=16, choices=FillState.choices, default=FillState.EMPTY
-    )
+    fill_state = models.CharField(max_length=16, choices=FillState.choices, default=FillState.EMPTY)
     fill_error = models.CharField(max_length=500, blank=True)
     sha256 = models.CharField(max_length=64, blank=True)
     used_bytes = models.BigIntegerField(default=0, help_text="Last measured use.")
@@ -89,9 +87,7 @@ class Volume(models.Model):
                 name="volume_name_unique_active",
                 violation_error_message="The project already has a volume of that name.",
             ),
-            models.CheckConstraint(
-                condition=Q(size_gib__gte=1), name="volume_size_positive"
-            ),
+            models.CheckConstraint(condition=Q(size_gib__gte=1), name="volume_size_positive"),
             models.CheckConstraint(
                 condition=Q(is_dataset=False) | Q(kind="shared"),
                 name="volume_dataset_is_shared",
@@ -177,9 +173,7 @@ class StorageQuotaRequest(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [
-            models.Index(fields=["status", "created_at"], name="storage_request_status")
-        ]
+        indexes = [models.Index(fields=["status", "created_at"], name="storage_request_status")]
 
     def __str__(self) -> str:
         return f"Storage quota request {self.pk} of {self.project} ({self.status})"

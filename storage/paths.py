@@ -17,7 +17,7 @@ import re
 import shutil
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from django.conf import settings
@@ -40,7 +40,9 @@ def container_path_validate(path: str, *, field: str) -> str:
         raise DomainError(f"Write the path plainly, as {normal!r}.", field=field)
     for reserved in RESERVED_CONTAINER_PATHS:
         if normal == reserved or (reserved != "/" and normal.startswith(reserved + "/")):
-            raise DomainError(f"{normal} is the container runtime's own; pick another.", field=field)
+            raise DomainError(
+                f"{normal} is the container runtime's own; pick another.", field=field
+            )
     return normal
 
 
@@ -79,10 +81,8 @@ def volume_dir_fd(volume_id: int, *, create: bool) -> Iterator[int]:
     name = volume_dir_name(volume_id)
     with _dir_fd(root) as root_fd:
         if create:
-            try:
+            with suppress(FileExistsError):
                 os.mkdir(name, 0o770, dir_fd=root_fd)
-            except FileExistsError:
-                pass
         try:
             fd = os.open(name, NOFOLLOW_DIR, dir_fd=root_fd)
         except OSError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
@@ -119,7 +120,7 @@ def storage_overview() -> list[tuple[Project, StorageUsage]]:
     }
     out = []
     for project in Project.objects.order_by("name"):
-        row = totals.get(project.pk, {})
+        row: dict[str, Any] = totals.get(project.pk, {})
         out.append(
             (
                 project,

@@ -116,7 +116,9 @@ def volume_create(
                 created_by=actor,
             )
     except IntegrityError:  # the same name, created meanwhile
-        raise Conflict(f"{project.slug} already has a volume named {name!r}.", code="name_taken")
+        raise Conflict(
+            f"{project.slug} already has a volume named {name!r}.", code="name_taken"
+        ) from None
     audit_record(
         actor=actor,
         action="storage.volume.create",
@@ -164,9 +166,7 @@ def volume_delete(*, actor: User, project: Project, volume_id: int) -> Volume:
     if in_use:
         raise Conflict(_in_use_message(volume, list(in_use)), code="volume_in_use")
     volume.deleted_at = timezone.now()
-    volume.state = (
-        VolumeState.DELETING if volume.kind == VolumeKind.SHARED else VolumeState.DELETED
-    )
+    volume.state = VolumeState.DELETING if volume.kind == VolumeKind.SHARED else VolumeState.DELETED
     volume.save(update_fields=["state", "deleted_at"])
     audit_record(
         actor=actor,

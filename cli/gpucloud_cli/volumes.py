@@ -39,7 +39,9 @@ def cmd_create(args: argparse.Namespace, api: Api, project: str) -> int:
         output.emit_json(volume)
         return 0
     what = "Dataset" if volume["is_dataset"] else "Volume"
-    print(f"{what} {volume['name']} created in {project} ({volume['size_gib']} GiB, {volume['kind']}).")
+    print(
+        f"{what} {volume['name']} created in {project} ({volume['size_gib']} GiB, {volume['kind']})."
+    )
     if volume["fill_state"] == "importing":
         print(f"Importing from {volume['source_url']}; see `gpucloud volume ls`.")
     return 0
@@ -102,7 +104,9 @@ def cmd_upload(args: argparse.Namespace, api: Api, project: str) -> int:
     if args.json:
         output.emit_json(status)
     else:
-        print(f"Uploaded {path.name} to dataset {args.name}: {size} bytes, sha256 {status['sha256']}.")
+        print(
+            f"Uploaded {path.name} to dataset {args.name}: {size} bytes, sha256 {status['sha256']}."
+        )
     return 0
 
 
@@ -130,7 +134,9 @@ def _send(
             time.sleep(min(30.0, 0.5 * 2**retries))
             status = api.get(url)
             if status["state"] != "uploading":
-                raise ApiError(f"The upload cannot go on: the dataset is {status['state']}.")
+                raise ApiError(
+                    f"The upload cannot go on: the dataset is {status['state']}."
+                ) from exc
     progress(size)
     print(file=sys.stderr)
     return status
@@ -168,9 +174,7 @@ def add_parser(
             p.add_argument("name", help="the volume's name")
         if name == "create":
             p.add_argument("--size", type=int, required=True, help="size limit in GiB")
-            p.add_argument(
-                "--kind", choices=["scratch", "node_local", "shared"], default="shared"
-            )
+            p.add_argument("--kind", choices=["scratch", "node_local", "shared"], default="shared")
             p.add_argument("--dataset", action="store_true", help="a read-only dataset")
             p.add_argument("--node", help="node-local: the node to keep it on")
             p.add_argument("--from-url", help="a dataset imported from this http(s) URL")

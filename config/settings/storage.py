@@ -18,9 +18,7 @@ STORAGE_SHARED_ROOT = _env("STORAGE_SHARED_ROOT", default=str(_BASE_DIR / "var" 
 STORAGE_DEFAULT_QUOTA_GIB = _env.int("STORAGE_DEFAULT_QUOTA_GIB", default=1000)
 # Dataset imports: refuse private and local addresses unless allowed (the tests' loopback
 # server), as webhooks do; the time one read from the source may take.
-STORAGE_IMPORT_ALLOW_PRIVATE_HOSTS = _env.bool(
-    "STORAGE_IMPORT_ALLOW_PRIVATE_HOSTS", default=False
-)
+STORAGE_IMPORT_ALLOW_PRIVATE_HOSTS = _env.bool("STORAGE_IMPORT_ALLOW_PRIVATE_HOSTS", default=False)
 STORAGE_IMPORT_TIMEOUT_SECONDS = _env.float("STORAGE_IMPORT_TIMEOUT_SECONDS", default=30.0)
 # The largest chunk of an upload one request may carry (the browser and the CLI send 8 MiB).
 STORAGE_UPLOAD_MAX_CHUNK_BYTES = _env.int("STORAGE_UPLOAD_MAX_CHUNK_BYTES", default=32 * 2**20)

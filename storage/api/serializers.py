@@ -10,7 +10,9 @@ from storage.models import MAX_VOLUME_GIB, StorageQuotaRequest, Volume, VolumeKi
 
 
 class VolumeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
-    read_only = serializers.BooleanField(read_only=True)
+    mounted_read_only = serializers.BooleanField(
+        source="read_only", read_only=True, help_text="Datasets are always mounted read-only."
+    )
     progress_percent = serializers.IntegerField(read_only=True)
     state = serializers.CharField(read_only=True, help_text="active, deleting or deleted")
     fill_state = serializers.CharField(
@@ -25,7 +27,7 @@ class VolumeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
             "kind",
             "size_gib",
             "is_dataset",
-            "read_only",
+            "mounted_read_only",
             "node_name",
             "source_url",
             "file_name",

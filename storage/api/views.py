@@ -17,7 +17,6 @@ from rest_framework.views import APIView
 
 from portal.api.idempotency import IdempotentPostMixin
 from portal.api.schema import PortalAutoSchema, StrictLimitOffsetPagination
-from portal.errors import DomainError
 from portal.models import Project, User
 from portal.selectors import project_get_visible
 from storage import datasets, quota_requests, selectors, services
@@ -41,7 +40,9 @@ class OctetStreamParser(BaseParser):
 
     media_type = "application/octet-stream"
 
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> bytes:
+    def parse(  # type: ignore[override]
+        self, stream: Any, media_type: Any = None, parser_context: Any = None
+    ) -> bytes:
         return bytes(stream.read()) if stream is not None else b""
 
 
@@ -139,17 +140,11 @@ class VolumeViewSet(
             )
         elif request.method == "PATCH":
             raw = request.headers.get(OFFSET_HEADER, "")
-            if not raw.isdigit():
-                raise DomainError(
-                    f"Send the chunk's start in the {OFFSET_HEADER} header (a number).",
-                    field=OFFSET_HEADER,
-                )
-            if not isinstance(request.data, bytes):
-                raise DomainError(
-                    "Send the chunk as application/octet-stream.", field="Content-Type"
-                )
             volume = datasets.dataset_upload_chunk(
-                actor=_user(request), volume=volume, offset=int(raw), data=request.data
+                actor=_user(request),
+                volume=volume,
+                offset=int(raw) if raw.isascii() and raw.isdigit() else None,
+                data=request.data if isinstance(request.data, bytes) else None,
             )
         return Response(UploadStatusSerializer(datasets.dataset_progress(volume)).data)
 

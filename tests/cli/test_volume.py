@@ -26,7 +26,15 @@ def test_create_ls_rm(logged_in):  # noqa: F811
     assert out == "Volume ckpt created in alpha (10 GiB, shared).\n"
     logged_in.ok("volume", "create", "local", "--size", "5", "--kind", "node_local", "--node", "h1")
     listing = logged_in.ok("volume", "ls").splitlines()
-    assert listing[0].split() == ["NAME", "KIND", "SIZE_GIB", "DATASET", "CONTENT", "NODE", "SHA256"]
+    assert listing[0].split() == [
+        "NAME",
+        "KIND",
+        "SIZE_GIB",
+        "DATASET",
+        "CONTENT",
+        "NODE",
+        "SHA256",
+    ]
     assert listing[1].split()[:4] == ["ckpt", "shared", "10", "no"]
     assert listing[2].split()[:3] == ["local", "node_local", "5"] and "h1" in listing[2]
     assert [v["name"] for v in logged_in.json("volume", "ls")] == ["ckpt", "local"]  # type: ignore[union-attr]
@@ -43,7 +51,9 @@ def test_create_ls_rm(logged_in):  # noqa: F811
     assert logged_in.ok("volume", "rm", "ckpt") == "Volume ckpt deleted from alpha.\n"
     # Its files are removed by a task (no worker here): until then it is being deleted.
     again = logged_in("volume", "rm", "ckpt")
-    assert again.returncode == 1 and "Volume ckpt is already being deleted. (HTTP 409)" in again.stderr
+    assert (
+        again.returncode == 1 and "Volume ckpt is already being deleted. (HTTP 409)" in again.stderr
+    )
     missing = logged_in("volume", "rm", "nothing")
     assert missing.returncode == 1 and "has no volume named 'nothing'" in missing.stderr
 
@@ -58,14 +68,18 @@ def test_upload_resumes_where_it_stopped_and_shows_progress(logged_in, team, tmp
     volume = datasets.dataset_upload_start(
         actor=team["member"], volume=volume, file_name="corpus.bin", size_bytes=len(payload)
     )
-    datasets.dataset_upload_chunk(actor=team["member"], volume=volume, offset=0, data=payload[:100000])
+    datasets.dataset_upload_chunk(
+        actor=team["member"], volume=volume, offset=0, data=payload[:100000]
+    )
 
     result = logged_in("volume", "upload", "corpus", str(path), "--chunk-mib", "1")
     assert result.returncode == 0, result.stderr
     assert "Resuming at byte 100000 of 256000." in result.stderr
     assert "100%  256000/256000 bytes" in result.stderr
     digest = hashlib.sha256(payload).hexdigest()
-    assert result.stdout == f"Uploaded corpus.bin to dataset corpus: 256000 bytes, sha256 {digest}.\n"
+    assert (
+        result.stdout == f"Uploaded corpus.bin to dataset corpus: 256000 bytes, sha256 {digest}.\n"
+    )
     volume.refresh_from_db()
     assert volume.fill_state == FillState.READY and volume.sha256 == digest
     assert (shared_root / f"v{volume.pk}" / "corpus.bin").read_bytes() == payload

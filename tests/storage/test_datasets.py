@@ -22,7 +22,9 @@ BASE = "/api/v1/projects/alpha/volumes"
 
 def _dataset(api, team, name="ds", size_gib=1):
     made = api(team["member"]).post(
-        BASE, {"name": name, "kind": "shared", "size_gib": size_gib, "is_dataset": True}, format="json"
+        BASE,
+        {"name": name, "kind": "shared", "size_gib": size_gib, "is_dataset": True},
+        format="json",
     )
     assert made.status_code == 201, made.content
     return made.json()
@@ -41,7 +43,9 @@ def test_an_upload_in_chunks_resumes_where_it_stopped_and_seals_with_its_checksu
     member = api(team["member"])
     url = f"{BASE}/ds/upload"
     payload = bytes(range(256)) * 40  # 10240 bytes
-    started = member.post(url, {"file_name": "corpus.tar", "size_bytes": len(payload)}, format="json")
+    started = member.post(
+        url, {"file_name": "corpus.tar", "size_bytes": len(payload)}, format="json"
+    )
     assert started.status_code == 200 and started.json()["offset"] == 0
     assert _chunk(member, url, 0, payload[:4096]).json()["offset"] == 4096
     # The connection broke; the client asks where it stands, and a chunk at another offset is
@@ -59,7 +63,7 @@ def test_an_upload_in_chunks_resumes_where_it_stopped_and_seals_with_its_checksu
     assert stored.read_bytes() == payload
     sealed = member.post(url, {"file_name": "other", "size_bytes": 1}, format="json")
     assert sealed.status_code == 409 and sealed.json()["code"] == "dataset_sealed"
-    assert member.get(f"{BASE}/ds").json()["read_only"] is True
+    assert member.get(f"{BASE}/ds").json()["mounted_read_only"] is True
 
 
 def test_uploads_over_the_limit_and_past_the_announced_size_are_refused(team, api):
@@ -72,7 +76,12 @@ def test_uploads_over_the_limit_and_past_the_announced_size_are_refused(team, ap
     member.post(url, {"file_name": "small", "size_bytes": 4}, format="json")
     past = _chunk(member, url, 0, b"12345")
     assert past.status_code == 400 and "past the file's announced size 4" in past.json()["message"]
-    assert api(team["viewer"]).post(url, {"file_name": "x", "size_bytes": 1}, format="json").status_code == 403
+    assert (
+        api(team["viewer"])
+        .post(url, {"file_name": "x", "size_bytes": 1}, format="json")
+        .status_code
+        == 403
+    )
     no_offset = member.patch(url, b"1", content_type="application/octet-stream")
     assert no_offset.status_code == 400 and "Upload-Offset" in no_offset.json()["fields"]
 
@@ -119,7 +128,7 @@ class _Source(BaseHTTPRequestHandler):
     redirect_to = ""
     announce = True  # send Content-Length (else the body ends when the connection closes)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path.startswith("/redirect") and self.redirect_to:
             self.send_response(302)
             self.send_header("Location", self.redirect_to)
@@ -181,7 +190,7 @@ def test_an_import_from_a_url_lands_under_the_volume_with_its_checksum(
 
 
 def test_imports_refuse_other_schemes_and_private_addresses(team, api, settings, source):
-    base, handler = source
+    base, _handler = source
     member = api(team["member"])
     body = {"name": "x", "kind": "shared", "size_gib": 1, "is_dataset": True}
     for url in ("file:///etc/passwd", "ftp://example.org/x", "http://user:pw@example.org/x"):
@@ -200,7 +209,9 @@ def test_an_import_that_fails_says_why(team, api, settings, source):
     handler.body = b"x" * 100
     member = api(team["member"])
     body = {"kind": "shared", "size_gib": 1, "is_dataset": True}
-    missing = member.post(BASE, {**body, "name": "m", "source_url": f"{base}/missing"}, format="json")
+    missing = member.post(
+        BASE, {**body, "name": "m", "source_url": f"{base}/missing"}, format="json"
+    )
     datasets.dataset_import_run(volume_id=missing.json()["id"])
     assert Volume.objects.get(name="m").fill_error == "The source answered HTTP 404."
     # A redirect to a private address is checked like the first URL.

@@ -20,7 +20,7 @@ def test_members_create_and_everyone_in_the_project_reads(team, api):
     member = api(team["member"])
     made = member.post(BASE, {"name": "data", "kind": "shared", "size_gib": 20}, format="json")
     assert made.status_code == 201, made.content
-    assert made.json()["kind"] == "shared" and made.json()["read_only"] is False
+    assert made.json()["kind"] == "shared" and made.json()["mounted_read_only"] is False
     volume = Volume.objects.get()
     assert (volume.project, volume.size_gib, volume.created_by) == (team["a"], 20, team["member"])
     assert AuditEvent.objects.filter(action="storage.volume.create", target_id=str(volume.pk))
@@ -56,7 +56,9 @@ def test_bad_input_names_the_field(team, api):
 def test_node_local_volume_names_its_node_or_gets_one_when_first_used(team, api):
     member = api(team["member"])
     pinned = member.post(
-        BASE, {"name": "pinned", "kind": "node_local", "size_gib": 5, "node_name": "h1"}, format="json"
+        BASE,
+        {"name": "pinned", "kind": "node_local", "size_gib": 5, "node_name": "h1"},
+        format="json",
     )
     assert pinned.json()["node_name"] == "h1"
     loose = member.post(BASE, {"name": "loose", "kind": "node_local", "size_gib": 5}, format="json")
@@ -106,7 +108,10 @@ def test_operators_set_the_quota_others_cannot(team, api, make_user):
     staff = make_user(staff=True)
     body = {"max_gib": 500}
     for who in ("owner", "member", "viewer"):
-        assert api(team[who]).put("/api/v1/projects/alpha/storage", body, format="json").status_code == 403
+        assert (
+            api(team[who]).put("/api/v1/projects/alpha/storage", body, format="json").status_code
+            == 403
+        )
     answer = api(staff).put("/api/v1/projects/alpha/storage", body, format="json")
     assert answer.status_code == 200 and answer.json()["quota_gib"] == 500
     assert StorageQuota.objects.get(project=team["a"]).max_gib == 500
@@ -126,7 +131,9 @@ def test_a_volume_an_active_job_mounts_cannot_be_deleted(team, api):
     assert member.delete(f"{BASE}/ckpt").status_code == 204  # the default: nothing in use
 
 
-def test_deleting_a_shared_volume_removes_its_files(team, api, shared_root, django_capture_on_commit_callbacks):
+def test_deleting_a_shared_volume_removes_its_files(
+    team, api, shared_root, django_capture_on_commit_callbacks
+):
     member = api(team["member"])
     made = member.post(BASE, {"name": "s", "size_gib": 1}, format="json").json()
     folder = shared_root / f"v{made['id']}"
@@ -161,7 +168,9 @@ def test_owners_ask_for_more_and_operators_decide(
     assert any(staff.email in m.to for m in mail.outbox)
     request_id = asked.json()["id"]
     decide = f"/api/v1/storage/requests/{request_id}/decide"
-    assert api(team["owner"]).post(decide, {"decision": "approve"}, format="json").status_code == 403
+    assert (
+        api(team["owner"]).post(decide, {"decision": "approve"}, format="json").status_code == 403
+    )
     no_reason = api(staff).post(decide, {"decision": "decline"}, format="json")
     assert no_reason.status_code == 400 and "reason" in no_reason.json()["fields"]
     approved = api(staff).post(decide, {"decision": "approve"}, format="json")
