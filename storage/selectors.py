@@ -111,8 +111,8 @@ def storage_requests_pending() -> QuerySet[StorageQuotaRequest]:
 def storage_overview() -> list[tuple[Project, StorageUsage]]:
     """Operators: every project with its storage quota and what its volumes take."""
     quotas = dict(StorageQuota.objects.values_list("project_id", "max_gib"))
-    totals = {
-        row["project_id"]: row
+    totals: dict[int, dict[str, Any]] = {
+        row["project_id"]: dict(row)
         for row in Volume.objects.filter(state=VolumeState.ACTIVE)
         .values("project_id")
         .annotate(gib=Sum("size_gib"), used=Sum("used_bytes"), n=Count("id"))
@@ -120,7 +120,7 @@ def storage_overview() -> list[tuple[Project, StorageUsage]]:
     }
     out = []
     for project in Project.objects.order_by("name"):
-        row: dict[str, Any] = totals.get(project.pk, {})
+        row = totals.get(project.pk, {})
         out.append(
             (
                 project,
