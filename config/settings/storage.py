@@ -31,3 +31,4 @@ STORAGE_BEAT_SCHEDULE = {
         "options": {"expires": STORAGE_METER_SECONDS},
     },
 }
+STORAGE_PRICE_PER_GB_MONTH = _env("STORAGE_PRICE_PER_GB_MONTH", default="0.10")  # USD, until a price is set
