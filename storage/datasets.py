@@ -314,29 +314,6 @@ def _cleanup_partial(volume_id: int, partial: str) -> None:
         pass
 
 
-def dataset_import_retry(*, actor: User, volume: Volume) -> Volume:
-    """Try a failed import again."""
-    require_role(user=actor, project=volume.project, roles=(Role.OWNER, Role.MEMBER))
-    if volume.fill_state != FillState.FAILED or not volume.source_url:
-        raise Conflict(f"Dataset {volume.name} has no failed import to retry.")
-    from portal.enqueue import enqueue
-
-    with transaction.atomic():
-        Volume.objects.filter(pk=volume.pk).update(
-            fill_state=FillState.IMPORTING, fill_error="", upload_offset=0
-        )
-        audit_record(
-            actor=actor,
-            action="storage.dataset.import_retry",
-            target=volume,
-            project=volume.project,
-            data={"name": volume.name, "url": volume.source_url},
-        )
-        transaction.on_commit(lambda: enqueue("storage.dataset_import", volume.pk))
-    volume.refresh_from_db()
-    return volume
-
-
 def dataset_progress(volume: Volume) -> dict[str, object]:
     """What the browser and the CLI show while a dataset fills."""
     return {

@@ -31,4 +31,6 @@ STORAGE_BEAT_SCHEDULE = {
         "options": {"expires": STORAGE_METER_SECONDS},
     },
 }
-STORAGE_PRICE_PER_GB_MONTH = _env("STORAGE_PRICE_PER_GB_MONTH", default="0.10")  # USD, until a price is set
+# The storage price per GB-month metering seeds when the price list has none (billing 0010
+# starts it at 0.10); operators publish others in the admin (billing.StoragePrice).
+STORAGE_PRICE_PER_GB_MONTH = _env("STORAGE_PRICE_PER_GB_MONTH", default="0.10")

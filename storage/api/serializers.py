@@ -45,7 +45,11 @@ class VolumeSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
 
 
 class VolumeCreateSerializer(serializers.Serializer):  # type: ignore[type-arg]
-    name = serializers.CharField(max_length=63, help_text="Lowercase letters, digits, hyphens.")
+    name = serializers.RegexField(
+        r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$",
+        max_length=63,
+        help_text="Lowercase letters, digits, hyphens; unique in the project.",
+    )
     kind = serializers.ChoiceField(choices=VolumeKind.choices, default=VolumeKind.SHARED)
     size_gib = serializers.IntegerField(min_value=1, max_value=MAX_VOLUME_GIB)
     is_dataset = serializers.BooleanField(
