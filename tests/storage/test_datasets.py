@@ -14,6 +14,7 @@ from portal.errors import DomainError
 from storage import datasets
 from storage.models import GIB, FillState, Volume
 from storage.paths import container_path_validate, safe_file_name
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -258,3 +259,33 @@ def test_the_dataset_page_shows_progress_and_stops_polling_when_ready(team, api,
     assert done.status_code == 286 and b"abab" in done.content
     client.force_login(team["outsider"])
     assert client.get(f"/projects/alpha/storage/{made['id']}/").status_code == 404
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_the_import_and_the_purge_run_on_a_real_worker(
+    team, api, source, shared_root, celery_live_worker
+):
+    """The tasks by their names, after the commit, on the broker: the import fills the dataset
+    and deleting a shared volume removes its files."""
+    base, handler = source
+    handler.body = b"rows\n" * 2000
+    member = api(team["member"])
+    made = member.post(
+        BASE,
+        {
+            "name": "remote",
+            "kind": "shared",
+            "size_gib": 1,
+            "is_dataset": True,
+            "source_url": f"{base}/rows.txt",
+        },
+        format="json",
+    ).json()
+    wait_for(lambda: Volume.objects.get(pk=made["id"]).fill_state == FillState.READY, timeout=30)
+    assert Volume.objects.get(pk=made["id"]).sha256 == hashlib.sha256(handler.body).hexdigest()
+    folder = shared_root / f"v{made['id']}"
+    assert (folder / "rows.txt").read_bytes() == handler.body
+    assert member.delete(f"{BASE}/remote").status_code == 204
+    wait_for(lambda: Volume.objects.get(pk=made["id"]).state == "deleted", timeout=30)
+    assert not folder.exists()
