@@ -103,8 +103,8 @@ def storage_request_approve(
 
 @transaction.atomic
 def storage_request_decline(*, actor: User, request_id: int, reason: str) -> StorageQuotaRequest:
+    request = _decidable(request_id, actor)
     if not reason.strip():
         raise DomainError("Say why the request is declined.", field="reason")
-    request = _decidable(request_id, actor)
     _decide(request, actor, StorageRequestStatus.DECLINED, reason)
     return request

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework import serializers
 
 from storage.models import MAX_VOLUME_GIB, StorageQuotaRequest, Volume, VolumeKind
@@ -117,9 +115,10 @@ class StorageRequestSerializer(serializers.ModelSerializer):  # type: ignore[typ
 
 class DecisionSerializer(serializers.Serializer):  # type: ignore[type-arg]
     decision = serializers.ChoiceField(choices=["approve", "decline"])
-    reason = serializers.CharField(max_length=2000, required=False, default="", allow_blank=True)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs["decision"] == "decline" and not attrs["reason"].strip():
-            raise serializers.ValidationError({"reason": ["Say why the request is declined."]})
-        return attrs
+    reason = serializers.CharField(
+        max_length=2000,
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="Why; required to decline.",
+    )

@@ -49,6 +49,7 @@ SEMANTIC_400 = {
         "PATCH",
         "/api/v1/projects/{project_slug}/volumes/{name}/upload/",
     ): "the Upload-Offset the server reported (data)",
+    ("POST", "/api/v1/storage/requests/{request_id}/decide"): "a decline needs a reason",
 }
 # A manifest's body is documented as a string: the OpenAPI schema cannot say which YAML texts are
 # Jobs (the server checks them against the Kubernetes schema). Its fuzzing is in test_fuzz_inputs.
