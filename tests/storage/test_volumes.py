@@ -223,3 +223,26 @@ def test_operators_page_sets_quotas_and_decides_requests(team, client, make_user
     assert StorageQuota.objects.get(project=team["b"]).max_gib == 7
     client.post(f"/ops/storage/requests/{asked.pk}/decide/", {"decision": "approve"})
     assert StorageQuota.objects.get(project=team["a"]).max_gib == 250
+
+
+def test_the_volume_list_costs_the_same_queries_for_more_volumes(team, api, client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    member = api(team["member"])
+    client.force_login(team["member"])
+    client.get("/projects/alpha/storage/")  # the session's first save is not the page's cost
+
+    def costs() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as listed:
+            assert member.get(BASE).status_code == 200
+        with CaptureQueriesContext(connection) as page:
+            assert client.get("/projects/alpha/storage/").status_code == 200
+        return len(listed), len(page)
+
+    for n in range(2):
+        member.post(BASE, {"name": f"a{n}", "size_gib": 1}, format="json")
+    few = costs()
+    for n in range(5):
+        member.post(BASE, {"name": f"b{n}", "size_gib": 1, "is_dataset": True}, format="json")
+    assert costs() == few
