@@ -127,18 +127,3 @@ def volume_files_remove(volume_id: int) -> None:
     if path.exists():
         assert shutil.rmtree.avoids_symlink_attacks, "this platform's rmtree follows symlinks"
         shutil.rmtree(path)
-
-
-def used_bytes(volume_id: int) -> int:
-    """What the volume's files take (apparent sizes), walking without following symlinks."""
-    total = 0
-    path = shared_root() / volume_dir_name(volume_id)
-    if path.is_symlink() or not path.is_dir():
-        return 0
-    for dirpath, _dirs, files in os.walk(path, followlinks=False):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total
