@@ -27,6 +27,8 @@ from billing.models import (
     ProjectBilling,
     ReservationRequest,
     ReservedPlan,
+    StoragePrice,
+    StorageUsageRecord,
     StripeEvent,
     UsageRecord,
 )
@@ -322,3 +324,17 @@ class MonthCloseAdmin(ReadOnlyAdmin):
 
     list_display = ["period_start", "status", "done", "failed", "total", "started_at"]
     list_filter = ["status"]
+
+
+@admin.register(StoragePrice)
+class StoragePriceAdmin(AuditedAdmin):
+    """The storage price per GB-month; publish a new one with a later start (never edit one
+    that metering has used)."""
+
+    list_display = ("effective_from", "per_gib_month", "note", "created_at")
+
+
+@admin.register(StorageUsageRecord)
+class StorageUsageRecordAdmin(ReadOnlyAdmin):
+    list_display = ("volume", "project", "slice_start", "size_gib", "rate", "amount", "invoice")
+    list_filter = ("period_start",)

@@ -11,9 +11,18 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Max, Min, Sum
 
 from billing import pricing
-from billing.models import UNISSUED_STATUSES, Invoice, InvoiceLine, ReservedPlan, Tier, UsageRecord
+from billing.models import (
+    UNISSUED_STATUSES,
+    Invoice,
+    InvoiceLine,
+    ReservedPlan,
+    StorageUsageRecord,
+    Tier,
+    UsageRecord,
+)
 from billing.pricing import period_bounds
 from portal.models import Project
 
@@ -252,6 +261,7 @@ def focus_rows_for_invoice(invoice: Invoice) -> Iterator[list[Any]]:
         if of_line is not None:
             exact[of_line.pk] = exact.get(of_line.pk, pricing.ZERO) + r.amount
         yield _usage_row(ctx, r, of_line, commitments)
+    yield from _storage_rows(ctx, lines, exact)
     for model, plan in commitments.plan_of.items():
         unused = commitments.fees[model] - commitments.amortized[model]
         if unused:
@@ -331,6 +341,9 @@ class _FocusContext:
         tags: dict[str, str] | None = None,
         line: InvoiceLine | None = None,
         corrects: str = "",
+        service_category: str = "Compute",
+        service_name: str = "GPU Compute",
+        resource_type: str = "GPU",
     ) -> list[Any]:
         """One FOCUS row: a value for each of FOCUS_COLUMNS, in their order.
 
@@ -373,9 +386,9 @@ class _FocusContext:
             "",
             resource,
             resource_name,
-            "GPU" if resource else "",
-            "Compute",
-            "GPU Compute",
+            resource_type if resource else "",
+            service_category,
+            service_name,
             sku,
             sku_price,
             project.slug if project is not None else "",
@@ -431,20 +444,82 @@ def _usage_row(
     )
 
 
+def _storage_rows(
+    ctx: _FocusContext, lines: list[InvoiceLine], exact: dict[int, Decimal]
+) -> Iterator[list[Any]]:
+    """Storage on the invoice: one row per volume and storage line (its records' exact sum;
+    the line's rounding row comes with the line), as ServiceCategory Storage in GB-months."""
+    line_of = {
+        (line.usage_period_start, line.unit_price): line
+        for line in lines
+        if line.kind == InvoiceLine.Kind.STORAGE
+    }
+    groups = list(
+        StorageUsageRecord.objects.filter(invoice=ctx.invoice)
+        .values("period_start", "rate", "volume_id", "volume__name", "project_id", "price_id")
+        .annotate(
+            gs=Sum("gib_seconds"),
+            cost=Sum("amount"),
+            first=Min("slice_start"),
+            last=Max("slice_end"),
+            size=Max("size_gib"),
+        )
+        .order_by("period_start", "rate", "volume_id", "price_id")
+    )
+    projects = Project.objects.in_bulk({g["project_id"] for g in groups})
+    for g in groups:
+        line = line_of.get((g["period_start"], g["rate"]))
+        if line is not None:
+            exact[line.pk] = exact.get(line.pk, pricing.ZERO) + g["cost"]
+        project = projects.get(g["project_id"])
+        quantity = (Decimal(g["gs"]) / pricing.STORAGE_MONTH_SECONDS).quantize(FOCUS_QUANTITY)
+        contracted = pricing.storage_amount(g["gs"], g["rate"])
+        name = f"{project.slug}/{g['volume__name']}" if project else g["volume__name"]
+        yield ctx.row(
+            billed=g["cost"],
+            effective=g["cost"],
+            category="Usage",
+            description=f"Storage: volume {name}, {g['size']} GiB size limit",
+            frequency="Usage-Based",
+            charge_start=_iso(g["first"]),
+            charge_end=_iso(g["last"]),
+            quantity=quantity,
+            unit="GB-Months",
+            contracted_cost=contracted,
+            contracted_price=g["rate"],
+            list_cost=contracted,
+            list_price=g["rate"],
+            pricing_category="Standard",
+            resource=f"volume/{g['volume_id']}",
+            resource_name=name,
+            sku="storage-gb-month",
+            sku_price=f"storage-price-{g['price_id']}",
+            project=project,
+            tags={"volume_id": str(g["volume_id"])},
+            line=line,
+            service_category="Storage",
+            service_name="Volumes",
+            resource_type="Volume",
+        )
+
+
 def _line_rows(
     ctx: _FocusContext, line: InvoiceLine, exact: dict[int, Decimal]
 ) -> Iterator[list[Any]]:
     """The rows an invoice line adds to its records' rows."""
     kind = InvoiceLine.Kind
     common: dict[str, Any] = {"description": line.description, "line": line}
-    if line.kind in _USAGE_KINDS:
+    if line.kind in _USAGE_KINDS or line.kind == kind.STORAGE:
         rounding = line.amount - exact.get(line.pk, pricing.ZERO)
         if rounding:
+            storage = line.kind == kind.STORAGE
             yield ctx.row(
                 billed=rounding,
                 effective=rounding,
                 category="Adjustment",
                 frequency="One-Time",
+                service_category="Storage" if storage else "Compute",
+                service_name="Volumes" if storage else "GPU Compute",
                 **{**common, "description": f"Rounding of line {line.position} to the cent"},
             )
     elif line.kind == kind.RESERVED_FEE and line.plan is not None:

@@ -484,6 +484,7 @@ class InvoiceLine(models.Model):
         CREDITS = "credits", "Prepaid credits"
         TAX = "tax", "Tax"
         CARRIED = "carried", "Credit balance carried forward"
+        STORAGE = "storage", "Storage (GB-months)"
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     position = models.PositiveIntegerField()
@@ -732,3 +733,77 @@ class MonthClose(models.Model):
             return None
         elapsed = (now - self.started_at).total_seconds()
         return elapsed * (self.total - self.processed) / self.processed
+
+
+class StoragePrice(models.Model):
+    """The price of storage per GB-month: a GiB of a volume's size limit held for a month of
+    `pricing.STORAGE_MONTH_SECONDS` (730 hours). Versioned like GPU prices: the version in
+    effect at a slice's start prices it."""
+
+    effective_from = models.DateTimeField(unique=True)
+    per_gib_month = models.DecimalField(
+        max_digits=12, decimal_places=4, validators=[MinValueValidator(ZERO)]
+    )
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-effective_from"]
+
+    def __str__(self) -> str:
+        return f"storage {self.per_gib_month}/GB-month from {self.effective_from:%Y-%m-%d}"
+
+
+class StorageUsageRecord(models.Model):
+    """One priced hour (or less, at a volume's creation or deletion) of a volume's size limit.
+    Unique per volume and slice start: metering twice never double-counts. A dataset is one
+    volume, so it is metered once however many jobs mount it."""
+
+    volume = models.ForeignKey(
+        "storage.Volume", on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    project = models.ForeignKey(
+        "portal.Project", on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    account = models.ForeignKey(
+        BillingAccount, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    price = models.ForeignKey(StoragePrice, on_delete=models.PROTECT, related_name="+")
+    period_start = models.DateField(help_text="First day of the UTC month the slice is in.")
+    slice_start = models.DateTimeField()
+    slice_end = models.DateTimeField()
+    size_gib = models.PositiveIntegerField()
+    gib_seconds = models.BigIntegerField(help_text="size_gib × seconds.")
+    rate = models.DecimalField(max_digits=12, decimal_places=4, help_text="Per GB-month.")
+    amount = models.DecimalField(max_digits=16, decimal_places=6)
+    invoice = models.ForeignKey(
+        "Invoice",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="storage_records",
+        db_index=False,
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slice_start", "pk"]
+        indexes = [
+            models.Index(fields=["project", "period_start"], name="storage_usage_project_idx"),
+            models.Index(fields=["invoice"], name="storage_usage_invoice_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["volume", "slice_start"],
+                name="storage_usage_unique_slice",
+                violation_error_message="This slice of the volume is already metered.",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(slice_end__gt=models.F("slice_start")),
+                name="storage_usage_slice_not_empty",
+                violation_error_message="A usage slice ends after it starts.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"volume {self.volume_id} {self.slice_start:%Y-%m-%d %H:%M} {self.size_gib} GiB"

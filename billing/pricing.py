@@ -29,6 +29,9 @@ MILLI: Final = 1000
 SECONDS_PER_HOUR: Final = 3600
 MILLI_SECONDS_PER_GPU_HOUR: Final = MILLI * SECONDS_PER_HOUR
 HOURS_PER_MONTH: Final = Decimal(730)  # 8760 h / 12: the month a reserved fee is quoted for
+# A GB-month of storage: a GiB of a volume's size limit held for 730 hours (whatever the
+# calendar month's length, so an hour of storage costs the same in February and in March).
+STORAGE_MONTH_SECONDS: Final = 730 * SECONDS_PER_HOUR
 
 RATE_QUANT: Final = Decimal("0.0001")
 RECORD_QUANT: Final = Decimal("0.000001")
@@ -94,6 +97,20 @@ def prorate(amount: Decimal, *, part_seconds: int, whole_seconds: int) -> Decima
     if whole_seconds <= 0 or not 0 <= part_seconds <= whole_seconds:
         raise ValueError("The part must lie within a non-empty whole.")
     return to_cents(amount * part_seconds / whole_seconds)
+
+
+def storage_amount(gib_seconds: int, rate_per_gib_month: Decimal) -> Decimal:
+    """Price of `gib_seconds` (GiB of size limit × seconds) at a rate per GB-month, to 1e-6."""
+    if gib_seconds < 0:
+        raise ValueError("Usage cannot be negative.")
+    return (Decimal(gib_seconds) * rate_per_gib_month / STORAGE_MONTH_SECONDS).quantize(
+        RECORD_QUANT, ROUND_HALF_UP
+    )
+
+
+def gb_months(gib_seconds: int) -> Decimal:
+    """GB-months for display (4 decimal places); billing never uses the rounded value."""
+    return (Decimal(gib_seconds) / STORAGE_MONTH_SECONDS).quantize(HOURS_QUANT, ROUND_HALF_UP)
 
 
 # ---- time ---------------------------------------------------------------------------------

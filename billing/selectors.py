@@ -25,6 +25,7 @@ from billing.models import (
     PriceVersion,
     ProjectBilling,
     ReservedPlan,
+    StorageUsageRecord,
     Tier,
     UsageRecord,
 )
@@ -359,6 +360,17 @@ class JobRow:
 
 
 @dataclass(frozen=True)
+class VolumeRow:
+    """A volume's storage this month: GB-months of its size limit and what they cost."""
+
+    volume: str
+    kind: str
+    size_gib: int
+    gb_months: Decimal
+    amount: Decimal
+
+
+@dataclass(frozen=True)
 class DayRow:
     day: date
     gpu_hours: Decimal
@@ -378,6 +390,8 @@ class UsageSummary:
     by_model: list[ModelRow] = field(default_factory=list)
     by_job: list[JobRow] = field(default_factory=list)
     by_day: list[DayRow] = field(default_factory=list)
+    by_volume: list[VolumeRow] = field(default_factory=list)
+    storage: Decimal = ZERO
     budget: Budget | None = None
 
     @property
@@ -409,6 +423,7 @@ def usage_summary(
     _summary_by_model(summary, records)
     _summary_by_job(summary, records, start=start, end=end, now=now, jobs=jobs)
     _summary_by_day(summary, records)
+    _add_storage(summary)
     summary.metered = pricing.to_cents(summary.metered)
     summary.credited = pricing.to_cents(summary.credited)
     if start <= now < end:
@@ -521,6 +536,30 @@ def _summary_running_month(
         elapsed_seconds=int((now - start).total_seconds()),
         month_seconds=int((end - start).total_seconds()),
     )
+
+
+def _add_storage(summary: UsageSummary) -> None:
+    """Storage metered this month, by volume (datasets included, each once), into the total."""
+    for row in (
+        StorageUsageRecord.objects.filter(
+            project=summary.project, period_start=summary.period_start
+        )
+        .values("volume_id", "volume__name", "volume__kind", "volume__is_dataset")
+        .annotate(gs=Sum("gib_seconds"), cost=Sum("amount"), size=Max("size_gib"))
+        .order_by("volume__name", "volume_id")
+    ):
+        summary.by_volume.append(
+            VolumeRow(
+                volume=row["volume__name"],
+                kind="dataset" if row["volume__is_dataset"] else row["volume__kind"],
+                size_gib=row["size"],
+                gb_months=pricing.gb_months(row["gs"] or 0),
+                amount=pricing.to_cents(row["cost"] or ZERO),
+            )
+        )
+        summary.storage += row["cost"] or ZERO
+    summary.metered += summary.storage
+    summary.storage = pricing.to_cents(summary.storage)
 
 
 def usage_records_for_export(*, project: Project, period_start: date) -> QuerySet[UsageRecord]:

@@ -7,12 +7,18 @@ from datetime import date
 from celery import shared_task
 
 from billing import gateway, services, slurm
-from billing.services import month_close
+from billing.services import month_close, storage_metering
 
 
 @shared_task(name="billing.meter")  # type: ignore[untyped-decorator]
 def meter() -> int:
     return services.usage_meter().records
+
+
+@shared_task(name="billing.storage_meter")  # type: ignore[untyped-decorator]
+def storage_meter() -> int:
+    """Volumes' GB-months into the ledger (billing/services/storage_metering.py)."""
+    return storage_metering.storage_meter()
 
 
 @shared_task(name="billing.check_budgets")  # type: ignore[untyped-decorator]

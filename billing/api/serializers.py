@@ -46,6 +46,14 @@ class DayRowSerializer(serializers.Serializer):  # type: ignore[type-arg]
     amount = serializers.DecimalField(max_digits=14, decimal_places=2)
 
 
+class VolumeRowSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    volume = serializers.CharField()
+    kind = serializers.CharField(help_text="scratch, node_local, shared or dataset")
+    size_gib = serializers.IntegerField()
+    gb_months = serializers.DecimalField(max_digits=16, decimal_places=4)
+    amount = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
 class UsageSummarySerializer(serializers.Serializer):  # type: ignore[type-arg]
     month = serializers.DateField(source="period_start")
     metered = serializers.DecimalField(max_digits=14, decimal_places=2)
@@ -60,6 +68,12 @@ class UsageSummarySerializer(serializers.Serializer):  # type: ignore[type-arg]
     by_model = ModelRowSerializer(many=True)
     by_job = JobRowSerializer(many=True)
     by_day = DayRowSerializer(many=True)
+    storage = serializers.DecimalField(
+        max_digits=14, decimal_places=2, help_text="Storage metered this month (in `metered`)."
+    )
+    by_volume = VolumeRowSerializer(
+        many=True, help_text="Storage by volume: GB-months of its size limit."
+    )
 
 
 class InvoiceLineSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]

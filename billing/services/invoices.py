@@ -31,6 +31,7 @@ from billing.services.credits import credit_draws
 from billing.services.drafts import draft_invoice
 from billing.services.metering import usage_meter
 from billing.services.periods import previous_period
+from billing.services.storage_metering import storage_line_groups, storage_meter
 from portal.audit import audit_record
 from portal.enqueue import enqueue
 from portal.errors import DomainError
@@ -87,12 +88,14 @@ def invoice_close(
             ProjectBilling.objects.filter(account=account).values_list("project_id", flat=True)
         )
         usage_meter(now=now, project_ids=project_ids)
+        storage_meter(now=now, project_ids=project_ids)
     usage_apply_coverage(account_id=account.pk, period_start=period_start)
     invoice = draft_invoice(account.pk, period_start)
     invoice.currency, invoice.tax_rate = account_currency(account), account.tax_rate
     lines = _Lines(invoice)
     charges = _add_reserved_fees(lines, account, start, end)
     _add_usage(lines, invoice, period_start)
+    _add_storage(lines, invoice, period_start)
     charges += _add_adjustments(lines, account, invoice)
     if not lines.rows:
         return _nothing_to_bill(invoice, now=now)
@@ -225,6 +228,23 @@ def _add_usage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
             gpu_hours=pricing.gpu_hours(g["fault_ms"]),
             unit_price=g["rate"],
             record_count=g["n_fault"],
+        )
+
+
+def _add_storage(lines: _Lines, invoice: Invoice, period_start: date) -> None:
+    """Storage on the draft: one line per month and rate (GB-months of volumes' size limits;
+    a month other than the closing one is storage metered after its close)."""
+    for g in storage_line_groups(invoice):
+        late = g.period_start != period_start
+        lines.add(
+            InvoiceLine.Kind.STORAGE,
+            f"Storage: {pricing.gb_months(g.gib_seconds)} GB-months of volumes at "
+            f"{g.rate} per GB-month"
+            + (f", of {g.period_start:%B %Y} metered after its close" if late else ""),
+            pricing.to_cents(g.amount),
+            usage_period_start=g.period_start,
+            unit_price=g.rate,
+            record_count=g.records,
         )
 
 
@@ -392,6 +412,7 @@ def invoices_close_month(
     """Accounts still to close for a month (default: the month before `now`)."""
     period_start = period_start or previous_period(now)
     usage_meter(now=now)  # opens an account for every project that used GPUs
+    storage_meter(now=now)  # ... or held volumes
     done = (
         Invoice.objects.filter(period_start=period_start)
         .exclude(status=Invoice.Status.DRAFT)

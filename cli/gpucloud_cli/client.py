@@ -68,6 +68,18 @@ class Api:
             return self._call("POST", path, params=params, data=raw, headers=headers)
         return self._call("POST", path, params=params, json=body, headers=headers)
 
+    def delete(self, path: str) -> Any:
+        return self._call("DELETE", path)
+
+    def patch_bytes(self, path: str, data: bytes, *, headers: dict[str, str]) -> Any:
+        """Send raw bytes (a chunk of an upload); `headers` say where it goes."""
+        return self._call(
+            "PATCH",
+            path,
+            data=data,
+            headers={"Content-Type": "application/octet-stream", **headers},
+        )
+
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         """One request, retried on a lost connection or a gateway error. A retried POST carries
         the same Idempotency-Key, so the portal runs it at most once."""

@@ -1,4 +1,4 @@
-"""`gpucloud`: log in, submit, list, inspect, follow and cancel jobs, dry-run, usage.
+"""`gpucloud`: log in, submit, list, inspect, follow and cancel jobs, dry-run, usage, volumes.
 
 Exit status: 0 done; 1 the API refused (its message is printed); 2 bad usage or not logged in;
 3 the portal cannot be reached; 130 interrupted.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpucloud_cli import __version__, config, output
+from gpucloud_cli import __version__, config, output, volumes
 from gpucloud_cli.client import Api, ApiError, normalize_url
 
 ENDED = {"succeeded", "failed", "cancelled", "rejected"}
@@ -522,7 +522,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("usage", cmd_usage, "a project's usage and cost this month")
     p.add_argument("--project", help="project slug (default: your only project)")
     p.add_argument("--month", help="YYYY-MM (default: this month)")
+
+    volumes.add_parser(sub, common, _with_project)
     return parser
+
+
+def _with_project(
+    func: Callable[[argparse.Namespace, Api, str], int],
+) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        api = _api(args)
+        return func(args, api, args.project or _only_project(api))
+
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_totp",
     "portal",
     "scheduler",
+    "storage",
     "billing",
     "monitoring",
     "web",
@@ -285,6 +286,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "VolumeKindEnum": "storage.models.VolumeKind",
+    },
     # The docs page lists the groups in this order (portal.api.schema.PortalAutoSchema.get_tags).
     "TAGS": [
         {
@@ -408,6 +412,7 @@ CELERY_TASK_ROUTES = {
     "provisioning.*": {"queue": "provisioning"},
     "telemetry.*": {"queue": "telemetry"},
     "billing.*": {"queue": "billing"},
+    "storage.*": {"queue": "default"},
 }
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {
@@ -431,9 +436,11 @@ CELERY_BEAT_SCHEDULE = {
 
 from config.settings.billing import *  # noqa: E402,F403
 from config.settings.monitoring import *  # noqa: E402,F403
+from config.settings.storage import *  # noqa: E402,F403
 
 CELERY_BEAT_SCHEDULE.update(BILLING_BEAT_SCHEDULE)  # noqa: F405
 CELERY_BEAT_SCHEDULE.update(MONITORING_BEAT_SCHEDULE)  # noqa: F405
+CELERY_BEAT_SCHEDULE.update(STORAGE_BEAT_SCHEDULE)  # noqa: F405
 
 # Provisioning
 AGENT_PORTAL_URL = env("AGENT_PORTAL_URL", default="http://127.0.0.1:8000")

@@ -1,6 +1,7 @@
 """`make test`: real PostgreSQL and Redis (scripts/test.sh provides them)."""
 
 import os
+import tempfile
 
 os.environ.setdefault("DJANGO_SECRET_KEY", "test-only-not-secret")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal")
@@ -35,3 +36,9 @@ PROVISIONING_SPAWN_AGENTS = False  # tests start agents themselves
 WEBHOOK_ALLOW_PRIVATE_HOSTS = True
 WEBHOOK_RETRY_SECONDS = 0.2
 WEBHOOK_MAX_ATTEMPTS = 3
+
+# Storage: dataset imports come from a server on loopback; files land in this run's directory.
+STORAGE_IMPORT_ALLOW_PRIVATE_HOSTS = True
+STORAGE_SHARED_ROOT = os.environ.get("STORAGE_SHARED_ROOT") or os.path.join(
+    tempfile.gettempdir(), f"gpucloud-shared-storage-{TEST_RUN_ID}"
+)

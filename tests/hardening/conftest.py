@@ -18,7 +18,7 @@ def _at(text: str) -> datetime:
 
 
 @pytest.fixture
-def world(team, fleet, make_user):
+def world(team, fleet, make_user, settings, tmp_path):
     """Everything the authorization matrix fills URL parameters with, all of project A."""
     from decimal import Decimal
 
@@ -105,6 +105,24 @@ def world(team, fleet, make_user):
 
     template = job_template_create(actor=team["member"], job=job, name="matrix")
     from billing.models import MonthClose
+    from storage.quota_requests import storage_request_create
+    from storage.services import volume_create
+
+    settings.STORAGE_SHARED_ROOT = str(tmp_path / "shared")
+    volume = volume_create(
+        actor=team["member"], project=a, name="matrix-vol", kind="shared", size_gib=1
+    )
+    dataset = volume_create(
+        actor=team["member"],
+        project=a,
+        name="matrix-ds",
+        kind="shared",
+        size_gib=1,
+        is_dataset=True,
+    )
+    storage_request = storage_request_create(
+        actor=team["owner"], project=a, max_gib=500, justification="matrix"
+    )
 
     month_close = MonthClose.objects.create(period_start=date(2019, 12, 1), status="done")
     return {
@@ -128,6 +146,9 @@ def world(team, fleet, make_user):
         "staff_device": staff_device,
         "quota_request": quota_request,
         "reservation_request": reservation_request,
+        "volume": volume,
+        "dataset": dataset,
+        "storage_request": storage_request,
         "invitation_token": invitation.token,
         "email_token": email_token,
         "signup_token": signing.dumps({"email": "matrix@example.org"}, salt=accounts.SIGNUP_SALT),

@@ -300,7 +300,58 @@ RULES: dict[str, Rule] = {
         {"post": page(403, 403, 403, 403, REFUSED)}, body={"post": lambda w: {"confirm": "h1"}}
     ),
     "ops-pools": Rule({"get": STAFF_PAGE}),
+    # --- storage (storage/): everyone in the project reads, members and owners write --------
+    "storage:project-storage": Rule(
+        {"get": PROJECT_PAGE, "post": MEMBER_WRITE_PAGE},
+        body={"post": lambda w: {"name": "matrix-page", "kind": "shared", "size_gib": "1"}},
+    ),
+    "storage:volume-detail": Rule({"get": PROJECT_PAGE}),
+    "storage:volume-delete": Rule({"post": MEMBER_WRITE_PAGE}),
+    "storage:storage-request-new": Rule(
+        {"post": OWNER_WRITE_PAGE},
+        body={"post": lambda w: {"max_gib": "900", "justification": "matrix"}},
+    ),
+    "storage:ops-storage": Rule({"get": STAFF_PAGE}),
+    "storage:ops-storage-quota": Rule(
+        {"post": page(403, 403, 403, 403, DONE)}, body={"post": lambda w: {"max_gib": "5"}}
+    ),
+    "storage:ops-storage-request-decide": Rule(
+        {"post": page(403, 403, 403, 403, DONE)},
+        params={"request_id": "storage_request"},
+        body={"post": lambda w: {"decision": "decline", "reason": "matrix"}},
+    ),
     # --- API ----------------------------------------------------------------------------------
+    "api-volume-list": Rule(
+        {"get": PROJECT_API, "post": api(403, 201, 201, 404, 403)},
+        body={"post": lambda w: {"name": "matrix-api", "kind": "shared", "size_gib": 1}},
+    ),
+    "api-volume-detail": Rule(
+        {"get": PROJECT_API, "delete": api(403, 204, 204, 404, 403)},
+        params={"name": "volume_name"},
+    ),
+    # An empty chunk with no offset: the caller's role is checked first, then the request.
+    "api-volume-upload": Rule(
+        {
+            "get": PROJECT_API,
+            "post": api(403, 200, 200, 404, 403),
+            "patch": api(403, 400, 400, 404, 403),
+        },
+        params={"name": "dataset_name"},
+        body={"post": lambda w: {"file_name": "matrix.bin", "size_bytes": 10}},
+    ),
+    "api-storage-quota": Rule(
+        {"get": PROJECT_API, "put": api(403, 403, 403, 404, 200)},
+        body={"put": lambda w: {"max_gib": 5}},
+    ),
+    "api-storage-request-list": Rule(
+        {"get": PROJECT_API, "post": api(403, 403, 201, 404, 403)},
+        body={"post": lambda w: {"max_gib": 900, "justification": "matrix"}},
+    ),
+    "api-storage-request-decide": Rule(
+        {"post": api(403, 403, 403, 403, 200)},
+        params={"request_id": "storage_request"},
+        body={"post": lambda w: {"decision": "decline", "reason": "matrix"}},
+    ),
     "api-project-list": Rule({"get": EVERYONE_API}),
     "api-project-detail": Rule({"get": PROJECT_API}),
     "api-token-list": Rule(
@@ -416,6 +467,7 @@ PARAMS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "invoice_id": lambda w: w["invoice"].pk,
     "line_id": lambda w: w["line"].pk,
     "node_id": lambda w: w["node"].pk,
+    "volume_id": lambda w: w["volume"].pk,
     "action": lambda w: "cordon",
     "name": lambda w: "H100-80GB-SXM",
 }
@@ -428,6 +480,9 @@ PK_OBJECTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "invitation_token": lambda w: w["invitation_token"],
     "quota_request": lambda w: w["quota_request"].pk,
     "reservation_request": lambda w: w["reservation_request"].pk,
+    "storage_request": lambda w: w["storage_request"].pk,
+    "volume_name": lambda w: w["volume"].name,
+    "dataset_name": lambda w: w["dataset"].name,
     "signup_token": lambda w: w["signup_token"],
     "email_token": lambda w: w["email_token"],
     "reset_uid": lambda w: "MQ",
@@ -526,6 +581,7 @@ def fingerprint() -> tuple[Any, ...]:
     from billing.models import Budget, ReservationRequest, ReservedPlan
     from portal.models import ApiToken, Invitation, Membership, Project, User
     from scheduler.models import Job, JobTemplate, Node, Quota, QuotaRequest
+    from storage.models import StorageQuota, StorageQuotaRequest, Volume
 
     return (
         list(Project.objects.order_by("pk").values_list("pk", "slug")),
@@ -541,6 +597,9 @@ def fingerprint() -> tuple[Any, ...]:
         list(ReservationRequest.objects.order_by("pk").values_list("pk", "status")),
         ReservedPlan.objects.count(),
         list(JobTemplate.objects.order_by("pk").values_list("pk", "name")),
+        list(Volume.objects.order_by("pk").values_list("pk", "state", "fill_state")),
+        list(StorageQuota.objects.order_by("pk").values_list("pk", "max_gib")),
+        list(StorageQuotaRequest.objects.order_by("pk").values_list("pk", "status")),
     )
 
 

@@ -37,6 +37,19 @@ SEMANTIC_400 = {
         "/api/v1/jobs/{id}/resubmit/",
     ): "the same rules as submitting, over the job's own spec",
     ("POST", "/api/v1/jobs/manifest/"): "a Kubernetes Job: the server reads the fields it knows",
+    (
+        "POST",
+        "/api/v1/projects/{project_slug}/volumes/",
+    ): "kinds across fields (a dataset is shared, only node-local names a node), the quota (data)",
+    (
+        "POST",
+        "/api/v1/projects/{project_slug}/volumes/{name}/upload/",
+    ): "the dataset's limit and state (data)",
+    (
+        "PATCH",
+        "/api/v1/projects/{project_slug}/volumes/{name}/upload/",
+    ): "the Upload-Offset the server reported (data)",
+    ("POST", "/api/v1/storage/requests/{request_id}/decide"): "a decline needs a reason",
 }
 # A manifest's body is documented as a string: the OpenAPI schema cannot say which YAML texts are
 # Jobs (the server checks them against the Kubernetes schema). Its fuzzing is in test_fuzz_inputs.

@@ -12,13 +12,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The one place the direction between our packages is written down: each may import only those
 # it names (and itself). The top layer (`config`, `web`) composes the apps; billing and monitoring
-# build on the scheduler; the scheduler on tenancy (`portal`), which imports none of ours.
+# build on the scheduler; the scheduler on storage, storage on tenancy (`portal`), which imports
+# none of ours.
 MAY_IMPORT: dict[str, set[str]] = {
-    "config": {"web", "billing", "monitoring", "scheduler", "portal"},
-    "web": {"billing", "monitoring", "scheduler", "portal"},
-    "billing": {"scheduler", "portal"},
-    "monitoring": {"scheduler", "portal"},
-    "scheduler": {"portal", "agent"},  # of the agent, only its wire contract (see WIRE_CONTRACT)
+    "config": {"web", "billing", "monitoring", "scheduler", "storage", "portal"},
+    "web": {"billing", "monitoring", "scheduler", "storage", "portal"},
+    "billing": {"scheduler", "storage", "portal"},
+    "monitoring": {"scheduler", "storage", "portal"},
+    "scheduler": {"storage", "portal", "agent"},  # of the agent, only its wire contract
+    "storage": {"portal"},  # volumes and datasets; the scheduler answers it through a port
     "portal": set(),
     "agent": set(),  # the node agent ships alone: stdlib and pynvml
 }
@@ -37,6 +39,7 @@ TEMPLATE_OWNER = {
     "ops": "scheduler",
     "billing": "billing",
     "monitoring": "monitoring",
+    "storage": "storage",
 }
 
 

@@ -1,4 +1,5 @@
-"""Seed the catalog, a small simulated fleet, an operator and a researcher with two projects."""
+"""Seed the catalog, a small simulated fleet, an operator and a researcher with two projects
+(one with a shared volume and a small dataset)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from portal.services import project_create
 from scheduler.models import Gpu, GpuModel, Node, Pool, QuotaModelLimit
 from scheduler.nodes import node_issue_agent_token
 from scheduler.services import catalog_seed, node_register_simulated
+from storage.datasets import dataset_upload_chunk, dataset_upload_start
+from storage.models import Volume
+from storage.services import volume_create
 
 DEMO_USERS = {
     "operator": ("operator@gpucloud.example", "operator-demo-pass", "Olga Operator", True),
@@ -101,12 +105,33 @@ class Command(BaseCommand):
             nlp.quota.save()
             Membership.objects.create(project=nlp, user=researcher, role=Role.MEMBER)
 
+        self._seed_storage(Project.objects.get(slug="vision-lab"), researcher)
+
         if options.get("agent_tokens"):
             self._write_agent_tokens(Path(options["agent_tokens"]))
         self.stdout.write(self.style.SUCCESS(f"Demo data ready ({created} GPU models added)."))
         for key, (email, password, _, staff) in DEMO_USERS.items():
             kind = "operator, staff" if staff else "researcher"
             self.stdout.write(f"  {key:<10} {email:<32} password: {password}  ({kind})")
+
+    def _seed_storage(self, project: Project, owner: User) -> None:
+        """A shared checkpoint volume and a small dataset (a CSV written through the upload
+        service, so it lands under STORAGE_SHARED_ROOT/v<id>/ with its checksum)."""
+        if Volume.objects.filter(project=project).exists():
+            return
+        volume_create(actor=owner, project=project, name="checkpoints", kind="shared", size_gib=50)
+        dataset = volume_create(
+            actor=owner, project=project, name="iris", kind="shared", size_gib=1, is_dataset=True
+        )
+        rows = "sepal_length,sepal_width,petal_length,petal_width,species\n" + "".join(
+            f"{5 + i % 3}.{i % 10},{3 + i % 2}.{i % 7},{1 + i % 5}.{i % 4},0.{i % 9},setosa\n"
+            for i in range(150)
+        )
+        data = rows.encode()
+        dataset = dataset_upload_start(
+            actor=owner, volume=dataset, file_name="iris.csv", size_bytes=len(data)
+        )
+        dataset_upload_chunk(actor=owner, volume=dataset, offset=0, data=data)
 
     def _write_agent_tokens(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,116 @@
+"""Storage metering: volumes' size limits × time in GB-months, priced from the storage price
+list, on the usage page, the invoice and the FOCUS export (as Storage, not GPU)."""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+import pytest
+
+from billing import services
+from billing.models import StoragePrice, StorageUsageRecord
+from billing.selectors import usage_summary
+from billing.services.storage_metering import storage_meter
+from storage.models import Volume, VolumeKind
+from tests.billing.conftest import at
+from tests.billing.test_focus import export, focus_errors, total
+
+pytestmark = pytest.mark.django_db
+APRIL = date(2025, 4, 1)
+
+
+def volume(project, name, *, kind=VolumeKind.SHARED, size=100, created, deleted=None, **extra):
+    made = Volume.objects.create(project=project, name=name, kind=kind, size_gib=size, **extra)
+    # created_at is auto_now_add: set the times the test speaks of
+    Volume.objects.filter(pk=made.pk).update(
+        created_at=created, deleted_at=deleted, state="deleted" if deleted else "active"
+    )
+    return Volume.objects.get(pk=made.pk)
+
+
+def test_size_limit_times_time_priced_per_gb_month_once_and_to_the_last_whole_hour(lab):
+    a = lab["a"]
+    data = volume(a, "data", created=at("2025-04-10 10:30"), deleted=at("2025-04-12 10:30"))
+    volume(a, "tmp", kind=VolumeKind.SCRATCH, created=at("2025-04-10 00:00"))  # not metered
+    ds = volume(a, "ds", size=10, is_dataset=True, created=at("2025-04-20 00:00"))
+    assert storage_meter(now=at("2025-04-20 05:59:59")) > 0
+    # the running dataset is metered to 05:00, the last whole hour
+    assert StorageUsageRecord.objects.filter(volume=ds).count() == 5
+    assert storage_meter(now=at("2025-04-20 05:59:59")) == 0  # again: nothing twice
+    storage_meter(now=at("2025-05-01 00:30"))
+    records = StorageUsageRecord.objects.filter(volume=data)
+    assert sum(r.gib_seconds for r in records) == 100 * 48 * 3600
+    price = StoragePrice.objects.get()
+    assert price.per_gib_month == Decimal("0.1000")  # the default price of the migration
+    # 100 GiB for 48 of a GB-month's 730 hours at 0.10
+    expected = Decimal(100 * 48) * Decimal("0.10") / 730
+    assert abs(sum(r.amount for r in records) - expected) < Decimal("0.00005")
+    assert not StorageUsageRecord.objects.filter(volume__kind=VolumeKind.SCRATCH).exists()
+    # the dataset counts once for the rest of April, whatever mounts it
+    ds_records = StorageUsageRecord.objects.filter(volume=ds, period_start=APRIL)
+    assert sum(r.gib_seconds for r in ds_records) == 10 * (11 * 24) * 3600
+    storage_meter(now=at("2025-05-01 02:10"))  # the month boundary cuts: May's own slices
+    may = StorageUsageRecord.objects.filter(volume=ds, period_start=date(2025, 5, 1))
+    assert [r.slice_start for r in may] == [at("2025-05-01 00:00"), at("2025-05-01 01:00")]
+
+
+def test_a_price_change_cuts_the_slices(lab):
+    a = lab["a"]
+    storage_meter(now=at("2025-01-01 00:00"))  # seeds the default price
+    StoragePrice.objects.create(effective_from=at("2025-04-10 12:30"), per_gib_month=Decimal("1"))
+    v = volume(a, "v", size=1, created=at("2025-04-10 12:00"), deleted=at("2025-04-10 13:00"))
+    storage_meter(now=at("2025-04-11 00:00"))
+    rows = list(StorageUsageRecord.objects.filter(volume=v).order_by("slice_start"))
+    assert [(r.slice_start, r.slice_end, r.rate) for r in rows] == [
+        (at("2025-04-10 12:00"), at("2025-04-10 12:30"), Decimal("0.1000")),
+        (at("2025-04-10 12:30"), at("2025-04-10 13:00"), Decimal("1.0000")),
+    ]
+
+
+def test_storage_on_the_usage_page_the_invoice_and_the_focus_export(
+    lab, client, tmp_path, monkeypatch
+):
+    a = lab["a"]
+    account = services.account_open_for_project(project=a)
+    volume(a, "ckpt", size=730, created=at("2025-04-01 00:00"))
+    volume(a, "corpus", size=73, is_dataset=True, created=at("2025-04-15 00:00"))
+    storage_meter(now=at("2025-04-16 00:00"))
+    summary = usage_summary(project=a, period_start=APRIL, now=at("2025-04-16 00:00"))
+    rows = {r.volume: r for r in summary.by_volume}
+    # 730 GiB for 15 days = 360 h: 360 GB-months... at 0.10: 36.00; the dataset 24 h: 0.24
+    assert rows["ckpt"].gb_months == Decimal("360.0000") and rows["ckpt"].amount == Decimal("36.00")
+    assert rows["corpus"].kind == "dataset" and rows["corpus"].amount == Decimal("0.24")
+    assert summary.storage == Decimal("36.24") and summary.metered == Decimal("36.24")
+    client.force_login(lab["viewer"])
+    page = client.get("/billing/projects/alpha/usage/?month=2025-04")
+    assert page.status_code == 200 and b'data-testid="by-volume"' in page.content
+    assert b"corpus" in page.content
+    api = client.get("/api/v1/billing/projects/alpha/usage?month=2025-04").json()
+    assert api["storage"] == "36.24" and [v["volume"] for v in api["by_volume"]] == [
+        "ckpt",
+        "corpus",
+    ]
+
+    invoice = services.invoice_close(
+        account_id=account.pk, period_start=APRIL, now=at("2025-05-01 00:30")
+    )
+    line = invoice.lines.get(kind="storage")
+    # the whole month: ckpt 720 h × 730 GiB / 730 = 720 GB-months, corpus 384 h × 73 / 730
+    assert line.amount == Decimal("72.00") + Decimal("3.84")
+    assert "758.4000 GB-months" in line.description
+    assert invoice.subtotal == line.amount
+
+    client.force_login(lab["owner"])
+    text, focus = export(client, invoice)
+    path = tmp_path / "april.csv"
+    path.write_text(text)
+    assert focus_errors(path, monkeypatch) == []
+    assert total(focus) == invoice.total
+    storage_rows = [r for r in focus if r["ServiceCategory"] == "Storage"]
+    assert {r["ResourceName"] for r in storage_rows} == {"alpha/ckpt", "alpha/corpus"}
+    assert {r["ConsumedUnit"] for r in storage_rows} == {"GB-Months"}
+    assert all(r["ResourceType"] == "Volume" for r in storage_rows)
+    # no GPU here: every cent is storage (the tax row, at 0 %, bills nothing)
+    assert total(storage_rows) == invoice.total
+    assert not [r for r in focus if r["ResourceType"] == "GPU"]
