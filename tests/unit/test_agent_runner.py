@@ -132,11 +132,10 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(runner: Runner, tmp_p
 
     started = time.monotonic()
     runner.stop((1, 1), "cancelled", "cancelled by the user")
-    time.sleep(0.3)
-    runner.poll()
-    assert alive(child), "SIGTERM is ignored, so the grace is waited out"
     wait_for(lambda: not runner.jobs, 5.0, 0.02, between=runner.poll)
-    assert 0.5 <= time.monotonic() - started < 3.0
+    # SIGTERM is ignored, so the grace was waited out (a lower bound: load cannot make it pass
+    # wrongly), and then SIGKILL ended the group.
+    assert time.monotonic() - started >= 0.5
     assert not alive(child)
     (exited,) = messages(runner, "exited")
     assert exited.body["reason"] == "cancelled"

@@ -122,10 +122,9 @@ def test_the_process_runtime_fences_a_job_in_a_uid_of_its_own(workdir: Path) -> 
     assert stat.S_IMODE((workdir / "agent-state.json").stat().st_mode) == 0o600
     # The setsid child left the process group; the job's uid is swept when the job ends.
     uid = job_uid(8, 200_000)
-    deadline = time.monotonic() + 5
-    while _live_of(uid) and time.monotonic() < deadline:
-        time.sleep(0.05)  # SIGKILLed; the kernel may take a moment
-    assert not _live_of(uid)
+    polling.wait_for(
+        lambda: not _live_of(uid), 5.0, 0.05
+    )  # SIGKILLed; the kernel may take a moment
     runner.stop_all("killed", "test over", grace_s=0)
     wait_for(lambda: 7 in exits(runner), runner)
 
