@@ -24,8 +24,9 @@ def lane_of(nodeid: str) -> str:
     return parts[0] if parts else "?"
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-django's own ordering, which it keeps
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # sort() is stable: within each lane the collection order is kept.
+    # sort() is stable: within each lane the order so far is kept.
     items.sort(key=lambda item: lane_of(item.nodeid) != FIRST)
 
 
