@@ -202,7 +202,7 @@ class Agent:
         # is answered without the assignments. False: an older portal, one request per report.
         self._sync_supported = True
         self._version: str | None = None
-        # The watch (agent/watch.py): a notice makes the next round poll at once; while the
+        # The watch (agent/watch.py): a wake-up makes the next round poll at once; while the
         # watch is live, polls are a slow fallback.
         self._wake = threading.Event()
         self._poll_due = False
@@ -465,7 +465,7 @@ class Agent:
                 self._heartbeat(attempts=attempts)
                 self._take_beat_news()
             if self._reconcile or self._poll_due or time.monotonic() >= self._next_poll:
-                self._poll_due = False  # a notice during the poll makes another one
+                self._poll_due = False  # a wake-up during the poll makes another one
                 self._poll_assignments(attempts=attempts)
                 self.runner.poll()
                 self.publish()

@@ -8,7 +8,7 @@ watch is live the agent polls only as a slow fallback (`Config.watch_poll_interv
 of idle nodes then costs the portal a few syncs per node per minute instead of one every poll
 interval.
 
-Nothing depends on the watch. A lost notice is healed by the fallback poll; where the portal
+Nothing depends on the watch. A lost wake-up is healed by the fallback poll; where the portal
 has no push (no Redis, or the events service is not deployed: 204 or 404), or the stream
 drops, the agent polls at its usual interval and tries the watch again later.
 """
@@ -36,7 +36,7 @@ UNAUTHORIZED_RETRY_S = 60.0
 
 
 class Watch:
-    """Run `run(stop)` in a thread of its own; `live` says whether notices arrive now."""
+    """Run `run(stop)` in a thread of its own; `live` says whether wake-ups arrive now."""
 
     def __init__(
         self,
@@ -57,7 +57,7 @@ class Watch:
         }
         self.on_change = on_change
         self.live = threading.Event()
-        self.notices = 0  # assignments events heard (for tests and logs)
+        self.wakeups = 0  # assignments events heard (for tests and logs)
         self._lock = threading.Lock()
         self._conn: http.client.HTTPConnection | None = None
 
@@ -136,7 +136,7 @@ class Watch:
                     self.live.set()
                     self.on_change()  # what changed while it was not watching
                 elif event == "assignments":
-                    self.notices += 1
+                    self.wakeups += 1
                     self.on_change()
                 event = ""
         return 200, ""

@@ -604,7 +604,8 @@ class BudgetAlert(models.Model):
 
 
 class Notification(models.Model):
-    """An in-app billing notice for a project's members."""
+    """An in-app billing notification for a project's members (shown on its pages; a notice
+    by e-mail and webhook goes through portal/notify.py)."""
 
     class Level(models.TextChoices):
         INFO = "info", "Info"

@@ -61,8 +61,8 @@ def month_param(raw: str | None, *, now: datetime | None = None) -> date:
 
 
 def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
-    """Scheduler hook: the rate a job would pay now, from the price list (catalog price when
-    the model has no version yet)."""
+    """The scheduler's `PRICE_QUOTE` port (registered in billing/apps.py): the rate a job would
+    pay now, from the price list (catalog price when the model has no version yet)."""
     version = (
         PriceVersion.objects.filter(gpu_model=gpu_model, effective_from__lte=timezone.now())
         .order_by("-effective_from")
@@ -84,9 +84,10 @@ def shares_cost_per_hour(
     table: PriceTable | None = None,
     now: datetime | None = None,
 ) -> Decimal:
-    """Scheduler hook: what `(gpu_model, billed_milli)` shares cost per hour at `now` (the
-    billed part as metering bills it, `scheduler.core.model.billed_share_milli`) at the price
-    version in force (the price list read once, `table` if given)."""
+    """The scheduler's `SHARES_COST` port (registered in billing/apps.py): what
+    `(gpu_model, billed_milli)` shares cost per hour at `now` (the billed part as metering bills
+    it, `scheduler.core.model.billed_share_milli`) at the price version in force (the price list
+    read once, `table` if given)."""
     table = table or PriceTable.load()
     now = now or timezone.now()
     total = ZERO

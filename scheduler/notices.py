@@ -1,6 +1,8 @@
-"""What a job's submitter (and its project's webhook) is told of: the job started, ended,
-failed, was preempted or requeued. The state machine (`transitions.py`) names the moves; the
-notices go out from a Celery task after the commit, so no transition waits on mail or HTTP."""
+"""Job notices: what a job's submitter (and its project's webhook) is told of: the job started,
+ended, failed, was preempted or requeued. `portal/notify.py` sends every notice (e-mail and
+webhook); this module says which job moves make one and batches them. The state machine
+(`transitions.py`) names the moves; the notices go out from a Celery task after the commit, so
+no transition waits on mail or HTTP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Writes for the catalog and the fleet."""
+"""Seeding: the GPU catalog's entries and simulated nodes, for the demo (`seed_demo`), the tests
+and the benchmarks. Real nodes come from provisioning (`scheduler/provisioning.py`) and their
+agents' registration."""
 
 from __future__ import annotations
 

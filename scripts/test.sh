@@ -71,6 +71,8 @@ fi
 . scripts/test-slurm.sh "$TMP"  # a throwaway Slurm cluster for tests/slurm (or the reason it skips)
 source scripts/test-containers.sh  # Podman, runc and the job image for the container tests
 export DJANGO_SETTINGS_MODULE=config.settings.test
+# -p tests.lanes: the unit lane (tests/unit, no database) runs first, and the time each tests/
+# directory took is printed before pytest's closing line (tests/lanes.py).
 # tests/embedded is a second lane: the embedded default's fallbacks (SQLite, file cache, no
 # Redis) under config.settings.embedded_test. It runs after the main suite when no test path
 # is named, and alone when it is the path named.
@@ -92,11 +94,11 @@ if [ "$want_torch" = 1 ] && [ "$embedded" = 0 ] && ! "$PY" -c "import torch" 2>/
 fi
 if [ "$embedded" = 0 ]; then
   echo "test: PostgreSQL $DATABASE_URL, Redis $REDIS_URL, Chromium ${CHROMIUM_PATH:-none}"
-  "$PY" -m pytest "$@"
+  "$PY" -m pytest -p tests.lanes "$@"
 fi
 if [ "$embedded" = 1 ] || [ "$named" = 0 ]; then
   echo "test: the embedded lane (SQLite, file cache, no Redis)"
   lane=(); [ "$embedded" = 1 ] || lane=(tests/embedded)
-  DJANGO_SETTINGS_MODULE=config.settings.embedded_test "$PY" -m pytest "${lane[@]}" "$@" \
+  DJANGO_SETTINGS_MODULE=config.settings.embedded_test "$PY" -m pytest -p tests.lanes "${lane[@]}" "$@" \
     || { status=$?; [ "$status" = 5 ] || exit "$status"; }  # 5: -k/-m left none to run
 fi

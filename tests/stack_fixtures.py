@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,14 +181,16 @@ class Web:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        from tests.polling import wait_for
+
+        def answers() -> bool:
             try:
                 requests.get(self.url + self.probe, timeout=1)
-                return
             except requests.RequestException:
-                time.sleep(0.2)
-        raise AssertionError("the portal did not start")
+                return False
+            return True
+
+        wait_for(answers, timeout=30, interval=0.2)  # the portal started
 
     def stop(self) -> None:
         if self.proc is not None:

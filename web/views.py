@@ -86,7 +86,7 @@ def project_detail(request: HttpRequest, slug: str) -> HttpResponse:
     return render(request, "web/project_detail.html", context)
 
 
-def requeued_notice(job: Job) -> JobEvent | None:
+def requeue_event(job: Job) -> JobEvent | None:
     """The event that put a waiting job back in the queue after it was preempted or lost its
     node (it kept its place: `scheduler.transitions.KEEPS_ITS_PLACE`), else None."""
     if job.state != JobState.QUEUED:
@@ -117,7 +117,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         # a job that ended without ever holding a GPU has no telemetry, efficiency or logs
         "never_ran": job.is_terminal and not job.allocations.exists(),
         "dependencies": list(job.dependencies.order_by("pk")) if not wants_partial(request) else [],
-        "requeued": requeued_notice(job),
+        "requeued": requeue_event(job),
     }
     return render_partial_or_page(
         request,

@@ -9,7 +9,7 @@ and audited.
 - `drafts`: the month's draft invoice
 - `invoices`: closing a month, step by step
 - `budgets`: budgets and their alerts
-- `notifications`: in-app notices and emails (the invoice mail included)
+- `notifications`: in-app notifications and emails (the invoice mail included)
 - `stripe_sync`: invoices pushed to Stripe, its webhook events applied, the resend sweep
 - `corrections`: late facts as adjustments pointing to the issued invoice they correct
 - `periods`: month periods

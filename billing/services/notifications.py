@@ -1,4 +1,4 @@
-"""Notifications and emails to project owners (in-app notices, plain mails, invoice mails)."""
+"""Notifications and emails to project owners (in-app notifications, plain mails, invoice mails)."""
 
 from __future__ import annotations
 

@@ -106,14 +106,15 @@ class Redis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
             except OSError:
-                time.sleep(0.1)
-        raise AssertionError("redis-server did not start")
+                return False
+            return True
+
+        wait_for(answers, timeout=10)  # redis-server started
 
     def stop(self) -> None:
         if self.proc is not None:

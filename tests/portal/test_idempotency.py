@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from datetime import timedelta
 from unittest import mock
@@ -16,6 +15,7 @@ from rest_framework.test import APIClient
 from portal.api.idempotency import unseal
 from portal.models import ApiToken, IdempotencyKey
 from scheduler.models import Job
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -193,13 +193,13 @@ def test_concurrent_retries_run_once(team, fleet):
 
 def _wait_for_a_lock_wait() -> None:
     """Until a backend of this database waits on a lock (the second request on the key's row)."""
-    for _ in range(300):
+
+    def waiting() -> int:
         with connection.cursor() as cur:
             cur.execute(
                 "SELECT count(*) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND wait_event_type = 'Lock'"
             )
-            if cur.fetchone()[0]:
-                return
-        time.sleep(0.1)
-    raise AssertionError("the second request never waited on the first one's key")
+            return cur.fetchone()[0]
+
+    wait_for(waiting, timeout=30)  # the second request waits on the first one's key

@@ -126,9 +126,10 @@ def test_fixed_window_counts_every_concurrent_hit_in_one_round_trip(monkeypatch)
     for t in threads:
         t.join()
     assert sorted(counts) == list(range(1, 401))
+    from portal.locks import redis_client
+
     window_key = cache.make_and_validate_key(f"rl:{key}:{int(now // 60)}")
-    client = cache._cache.get_client(window_key, write=True)
-    assert 0 < client.ttl(window_key) <= 61
+    assert 0 < redis_client().ttl(window_key) <= 61  # the cache's Redis, read as Redis
     assert window_hit(key, 60, now=now + 59.5) == (401, 1)  # Retry-After: rest of the window
     assert window_hit(key, 60, now=now + 60) == (1, 60)  # a new window starts from one
 
@@ -146,7 +147,9 @@ def test_several_windows_count_in_one_script_each_with_its_own_period(monkeypatc
     assert ratelimit.window_hits([(a, 60), (b, 3600)]) == [(1, 30), (1, 1590)]
     assert ratelimit.window_hits([(a, 60), (b, 3600)]) == [(2, 30), (2, 1590)]
     assert ratelimit.window_hit(b, 3600, now=now, amount=5) == (7, 1590)
-    client = cache._cache.get_client(None, write=True)
+    from portal.locks import redis_client
+
+    client = redis_client()  # the cache's Redis (REDIS_URL), read as Redis
     for key, period in [(a, 60), (b, 3600)]:
         window_key = cache.make_and_validate_key(f"rl:{key}:{int(now // period)}")
         assert period - 10 < client.ttl(window_key) <= period + 1

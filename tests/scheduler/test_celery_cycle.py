@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from scheduler.models import Job, JobState
@@ -11,6 +9,35 @@ from scheduler.tasks import scheduling_cycle
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
+
+
+class CycleRuns:
+    """Cycle tasks the worker has begun and finished (Celery's task signals), while in use."""
+
+    def __init__(self) -> None:
+        self.begun: list[str] = []
+        self.finished: list[str] = []
+
+    def _prerun(self, sender=None, **_kw):  # type: ignore[no-untyped-def]
+        if sender is not None and sender.name == "scheduler.cycle":
+            self.begun.append(sender.name)
+
+    def _postrun(self, sender=None, **_kw):  # type: ignore[no-untyped-def]
+        if sender is not None and sender.name == "scheduler.cycle":
+            self.finished.append(sender.name)
+
+    def __enter__(self) -> CycleRuns:
+        from celery.signals import task_postrun, task_prerun
+
+        task_prerun.connect(self._prerun, weak=False)
+        task_postrun.connect(self._postrun, weak=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from celery.signals import task_postrun, task_prerun
+
+        task_prerun.disconnect(self._prerun)
+        task_postrun.disconnect(self._postrun)
 
 
 def test_submission_triggers_a_cycle_on_the_worker(celery_live_worker, team, fleet, api):
@@ -54,16 +81,15 @@ def test_a_request_that_finds_a_cycle_running_is_served_after_it(
     with no beat and no further request (this test's worker runs no beat)."""
     from portal.locks import single_flight
 
-    with single_flight("scheduler-cycle", ttl=30) as held:  # a cycle "running" elsewhere
-        assert held
+    with CycleRuns() as runs, single_flight("scheduler-cycle", ttl=30) as held:
+        assert held  # a cycle "running" elsewhere
         resp = api(team["member"]).post(
             "/api/v1/jobs",
             {"project": "alpha", "name": "late", "command": "true", "gpus": 1},
             format="json",
         )
         job_id = resp.json()["id"]
-        wait_for(lambda: Job.objects.filter(pk=job_id).exists())
-        time.sleep(1.0)  # the requested cycle found the lock taken
+        wait_for(lambda: runs.finished)  # the requested cycle ran and found the lock taken
         assert Job.objects.get(pk=job_id).state == JobState.QUEUED
     wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.SCHEDULED, timeout=10)
 
@@ -118,20 +144,14 @@ def test_a_request_that_comes_as_a_cycle_finishes_gets_a_task(settings):
 
 
 def test_a_job_submitted_during_a_pass_is_planned_by_the_same_task(
-    celery_live_worker, team, fleet, api
+    celery_live_worker, team, fleet, api, settings
 ):
     """One task message for a burst: the running cycle plans again for what came meanwhile."""
-    from celery.signals import task_prerun
-
+    from portal.locks import redis_client
     from scheduler import ports
     from scheduler.admission import JobSpec, job_submit
 
-    cycles: list[str] = []
     later: list[int] = []
-
-    def counted(sender=None, **_kw):  # type: ignore[no-untyped-def]
-        if sender is not None and sender.name == "scheduler.cycle":
-            cycles.append(sender.name)
 
     def submit_during_the_pass(**_kw):  # type: ignore[no-untyped-def]
         if not later:  # a submit that arrives after this pass read the queue
@@ -142,21 +162,20 @@ def test_a_job_submitted_during_a_pass_is_planned_by_the_same_task(
             )[0]
             later.append(job.pk)
 
-    task_prerun.connect(counted, weak=False)
-    try:
-        with ports.CYCLE_LISTENERS.override([submit_during_the_pass]):
-            resp = api(team["member"]).post(
-                "/api/v1/jobs",
-                {"project": "alpha", "name": "first", "command": "true", "gpus": 1},
-                format="json",
-            )
-            first = resp.json()["id"]
-            wait_for(lambda: Job.objects.get(pk=first).state == JobState.SCHEDULED)
-            wait_for(lambda: later and Job.objects.get(pk=later[0]).state == JobState.SCHEDULED)
-            time.sleep(0.5)
-    finally:
-        task_prerun.disconnect(counted)
-    assert cycles == ["scheduler.cycle"]
+    queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "scheduler"
+    with CycleRuns() as runs, ports.CYCLE_LISTENERS.override([submit_during_the_pass]):
+        resp = api(team["member"]).post(
+            "/api/v1/jobs",
+            {"project": "alpha", "name": "first", "command": "true", "gpus": 1},
+            format="json",
+        )
+        first = resp.json()["id"]
+        wait_for(lambda: Job.objects.get(pk=first).state == JobState.SCHEDULED)
+        wait_for(lambda: later and Job.objects.get(pk=later[0]).state == JobState.SCHEDULED)
+        wait_for(lambda: runs.finished)  # the one task has ended ...
+        # ... and no second message waits for the worker: the burst took one task.
+        assert redis_client().llen(queue) == 0
+    assert runs.begun == ["scheduler.cycle"]
 
 
 @pytest.mark.django_db

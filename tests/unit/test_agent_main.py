@@ -141,6 +141,12 @@ class FakePortal:
                 if p == "/assignments" or (p == "/sync" and b["assignments"])
             ]
 
+    def wait_for_polls(self, n: int = 3, timeout: float = 5.0) -> None:
+        """Until the agent has read its assignments `n` more times: whatever it would do on a
+        poll (start, stop, report) has had its chance, without guessing how long that takes."""
+        before = len(self.polls())
+        wait_for(lambda: len(self.polls()) >= before + n, timeout)
+
     # -- what the agent told us ------------------------------------------------------------------
 
     def bodies(self, path: str) -> list[Any]:
@@ -306,7 +312,7 @@ def test_registers_heartbeats_runs_a_job_and_reports_it(
     assert telemetry[gpu0]["utilization"] >= 70 and telemetry[gpu1]["utilization"] <= 3
 
     # The finished attempt is still in the assignment list for a while: it is not rerun.
-    time.sleep(0.2)
+    portal.wait_for_polls()
     assert len(portal.job_reports(1, "started")) == 1
     agent.shut_down()
     assert TOKEN not in caplog.text
@@ -320,7 +326,7 @@ def test_sync_carries_the_reports_and_idle_polls_send_the_version(
     portal.set(assignments=[job(12, "sleep 300"), job(13, "sleep 300")])
     start_agent()
     wait_for(lambda: portal.job_reports(12, "started") and portal.job_reports(13, "started"))
-    time.sleep(0.3)  # a few idle polls
+    portal.wait_for_polls()  # a few idle polls
     with portal.lock:
         paths = [p for _, p, _ in portal.calls]
         syncs = [b for _, p, b in portal.calls if p == "/sync"]
@@ -344,9 +350,9 @@ def test_a_conflict_in_a_sync_answer_forgets_that_attempt_only(
     portal.set(stale={(14, 1)}, assignments=[job(14, "sleep 300"), job(15, "sleep 300")])
     start_agent()
     wait_for(lambda: portal.job_reports(14, "started") and portal.job_reports(15, "started"))
-    time.sleep(0.4)
-    running = [r["job_id"] for r in portal.bodies("/heartbeat")[-1]["running"]]
-    assert running == [15]  # 14 was stopped and forgotten; 15 runs on
+    # 14 was stopped and forgotten; 15 runs on
+    wait_for(lambda: [r["job_id"] for r in portal.bodies("/heartbeat")[-1]["running"]] == [15])
+    portal.wait_for_polls()
     assert portal.job_reports(14, "exited") == []
 
 
@@ -419,7 +425,7 @@ def test_an_assignment_for_gpus_this_node_lacks_is_refused(
     start_agent()
     (exited,) = wait_for(lambda: portal.job_reports(10, "exited"))
     assert exited["reason"] == "failed_to_start" and "GPU-not-here" in exited["message"]
-    time.sleep(0.2)
+    portal.wait_for_polls()
     assert portal.job_reports(10, "started") == [] and portal.log_text(10) == ""
     assert len(portal.job_reports(10, "exited")) == 1  # refused once, not on every poll
 
@@ -431,7 +437,7 @@ def test_a_malformed_entry_does_not_stop_the_attempt_it_names(
     start_agent()
     wait_for(lambda: portal.job_reports(11, "started"))
     portal.set(assignments=[job(11, "sleep 300", env=["not", "an", "object"])])
-    time.sleep(0.3)
+    portal.wait_for_polls()
     assert portal.job_reports(11, "exited") == []
     assert [r["job_id"] for r in portal.bodies("/heartbeat")[-1]["running"]] == [11]
 
@@ -449,7 +455,7 @@ def test_obeys_fenced_stops_everything_and_starts_nothing_until_unfenced(
     (exited,) = wait_for(lambda: portal.job_reports(5, "exited"), 5.0)
     assert exited["reason"] == "killed" and "fenced" in exited["message"]
     assert not alive(pid)
-    time.sleep(0.3)
+    portal.wait_for_polls()
     assert portal.job_reports(6, "started") == []  # nothing new while fenced
     assert portal.bodies("/heartbeat")[-1]["running"] == []
 
@@ -477,9 +483,9 @@ def test_rides_out_a_portal_outage_and_reconciles(
 ) -> None:
     portal.set(assignments=[job(8, "sleep 0.2; echo finished during the outage")])
     start_agent()
-    wait_for(lambda: portal.job_reports(8, "started"))
+    (started,) = wait_for(lambda: portal.job_reports(8, "started"))
     portal.set(down=True)
-    time.sleep(0.6)  # the job ends while the portal is away
+    wait_for(lambda: not alive(started["pid"]), 5.0)  # the job ends while the portal is away
     calls_before = len(portal.calls)
     portal.set(down=False)
 
@@ -522,7 +528,7 @@ def test_heartbeats_go_out_while_a_sync_is_held_unanswered(
     polls = len(portal.polls())
     wait_for(lambda: len(portal.polls()) > polls, 3.0)
     agent.shut_down()
-    assert agent.agent._beat_thread is not None and not agent.agent._beat_thread.is_alive()
+    assert agent.agent.stop_beats()  # the heartbeat thread has ended (it answers without waiting)
 
 
 def test_shutdown_stops_all_work_and_reports_it(
@@ -547,12 +553,10 @@ def test_a_rejected_token_is_logged_clearly_and_never_printed(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     bad = "wrong-token-abcdefghijklmnop"
-    agent = start_agent(token=bad, unauthorized_backoff_s=30.0)
+    agent = start_agent(token=bad, unauthorized_backoff_s=3600.0)
     wait_for(lambda: "rejected this node's token" in caplog.text, 3.0)
     assert portal.calls == []  # nothing authenticated got through
-    started = time.monotonic()
-    agent.shut_down()  # it was waiting out the long backoff; stopping is still prompt
-    assert time.monotonic() - started < 3.0
+    agent.shut_down()  # it was waiting out an hour's backoff; it stops (within shut_down's join)
     assert bad not in caplog.text and TOKEN not in caplog.text
 
 

@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -123,10 +124,9 @@ def test_the_process_runtime_fences_a_job_in_a_uid_of_its_own(workdir: Path) -> 
     assert stat.S_IMODE((workdir / "agent-state.json").stat().st_mode) == 0o600
     # The setsid child left the process group; the job's uid is swept when the job ends.
     uid = job_uid(8, 200_000)
-    deadline = time.monotonic() + 5
-    while _live_of(uid) and time.monotonic() < deadline:
-        time.sleep(0.05)  # SIGKILLed; the kernel may take a moment
-    assert not _live_of(uid)
+    polling.wait_for(
+        lambda: not _live_of(uid), 5.0, 0.05
+    )  # SIGKILLed; the kernel may take a moment
     runner.stop_all("killed", "test over", grace_s=0)
     wait_for(lambda: 7 in exits(runner), runner)
 
@@ -347,9 +347,7 @@ def _live_of(uid: int) -> list[int]:
 def test_a_job_past_its_time_limit_is_stopped_as_time_limit(workdir: Path) -> None:
     runner = make_runner(workdir, ProcessRuntime())
     runner.start(assignment(3, "sleep 30", time_limit_s=1, grace_seconds=5))
-    started = time.monotonic()
-    wait_for(lambda: 3 in exits(runner), runner)
-    assert time.monotonic() - started < 10
+    wait_for(lambda: 3 in exits(runner), runner)  # long before the 30 s sleep ends
     body = exits(runner)[3]
     assert body["reason"] == "time_limit" and "limit of 1s" in body["message"]
 
@@ -738,10 +736,17 @@ def test_a_fifo_on_the_jobs_path_keeps_the_shell_without_blocking_the_agent(
     trap.mkdir()
     os.mkfifo(trap / "sleep", 0o755)
     env = {"PATH": f"trap:{os.environ['PATH']}"}
-    started = time.monotonic()
-    assert direct_argv("sleep 1", env, programs) is None
-    assert direct_argv("./trap/sleep 1", env, programs) is None
-    assert time.monotonic() - started < 1
+    answers: list[object] = []
+
+    def read() -> None:  # opening the FIFO would block here for good
+        answers.append(direct_argv("sleep 1", env, programs))
+        answers.append(direct_argv("./trap/sleep 1", env, programs))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(30)  # a deadline for the test, not a speed claim
+    assert not reader.is_alive(), "the FIFO was opened"
+    assert answers == [None, None]
 
 
 def test_a_job_that_sets_its_own_pwd_or_has_no_path_keeps_the_shell(programs: Path) -> None:
@@ -862,7 +867,7 @@ def test_a_direct_program_that_ignores_sigterm_is_killed_after_the_grace(
     started = time.monotonic()
     runner.stop((51, 1), "cancelled", "cancelled by the user")
     wait_for(lambda: 51 in exits(runner), runner)
-    assert 0.5 <= time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.5  # the grace was waited out (a lower bound)
     body = exits(runner)[51]
     assert body["signal"] == signal.SIGKILL and "SIGKILL after 0.5s grace" in body["message"]
 

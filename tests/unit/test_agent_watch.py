@@ -78,7 +78,7 @@ def watching(url: str) -> tuple[Watch, list[int], threading.Event, threading.Thr
     return watch, changes, stop, thread
 
 
-def test_ready_and_each_notice_make_the_agent_sync(server: EventServer) -> None:
+def test_ready_and_each_wakeup_make_the_agent_sync(server: EventServer) -> None:
     watch, changes, stop, thread = watching(server.url)
     try:
         wait_for(watch.live.is_set, timeout=5)
@@ -87,7 +87,7 @@ def test_ready_and_each_notice_make_the_agent_sync(server: EventServer) -> None:
         assert server.requests[0]["Accept"] == "text/event-stream"
         for n in (1, 2):
             server.notify.set()
-            wait_for(lambda n=n: watch.notices == n, timeout=5)
+            wait_for(lambda n=n: watch.wakeups == n, timeout=5)
         assert len(changes) == 3
         server.finish.set()  # the stream ends: not live, one sync at once, then it reconnects
         wait_for(lambda: not watch.live.is_set(), timeout=5)
@@ -134,6 +134,6 @@ def test_while_the_watch_is_live_polls_are_a_slow_fallback(tmp_path: Path) -> No
     agent._next_poll = agent._next_contact = 0.0
     agent._next_poll = 10**9  # the next poll far away...
     assert agent.pause() == config.tick_s
-    agent._assignments_changed()  # ...until a notice: the next round polls at once
+    agent._assignments_changed()  # ...until a wake-up: the next round polls at once
     assert agent.pause() <= 0.005 and agent._wake.is_set()
     assert Agent(Config(**{**config.__dict__, "watch": False})).watch is None

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,12 +64,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_143_then_resume_continues(tmp_path
 
 
 def test_fail_at_exits_1(tmp_path: Path) -> None:
-    started = time.monotonic()
     proc = workload(tmp_path, "--seconds", "10", "--step-seconds", "0.01", "--fail-at", "3")
     out, err = proc.communicate(timeout=10)
     assert proc.returncode == 1
     assert out.splitlines()[-1].startswith("step 3/") and "failing at step 3" in err
-    assert time.monotonic() - started < 5
 
 
 def test_the_checkpoint_signal_file_stops_a_workload_that_ignores_sigterm(tmp_path: Path) -> None:
