@@ -216,7 +216,7 @@ class StorageRequestViewSet(
         return Response(StorageRequestSerializer(made).data, status=status.HTTP_201_CREATED)
 
 
-class StorageRequestDecideView(APIView):
+class StorageRequestDecideView(IdempotentPostMixin, APIView):
     """Operators approve (the quota becomes what was asked) or decline with a reason."""
 
     schema = PortalAutoSchema()
