@@ -22,14 +22,14 @@ from portal.db import AnyOf, CompiledQuery
 from portal.models import Project
 from portal.money import format_money
 from scheduler.admission import JobSpec, Verdict
-from scheduler.core.model import MILLI, billed_share_milli
 from scheduler.core.reasons import format_duration
+from scheduler.estimates import billed_gpus
 from scheduler.models import GpuModel
 
 
 def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
     """What admitting `spec` commits under a hard cap, and how it was reckoned: its GPUs as
-    billed (`billed_share_milli`, on a device that is not time-sliced) × the rate of its model
+    billed before placement (`scheduler.estimates.billed_gpus`, the dry run's figure) × the rate of its model
     (the dearest it may land on when it names none) × its time limit, or
     BILLING_CAP_ASSUMED_HOURS when it has none (the cap's enforcement stops it anyway)."""
     model = spec.gpu_model
@@ -41,10 +41,7 @@ def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
     if model is None:
         return Decimal(0), "no model it may run on"
     rate = selectors.quote_rate(gpu_model=model, preemptible=spec.preemptible)
-    billed = billed_share_milli(
-        min(spec.gpu_milli, MILLI), MILLI, spec.gpu_memory_mib, model.memory_mib
-    )
-    gpus = Decimal(billed * spec.gpu_count * spec.shard_count) / MILLI
+    gpus = billed_gpus(spec, model, shards=spec.shard_count)
     if spec.time_limit_s:
         hours = Decimal(spec.time_limit_s) / 3600
         how = f"{format_duration(spec.time_limit_s)} time limit"

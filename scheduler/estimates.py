@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Protocol
 
 from django.core.cache import cache
 from django.utils import timezone
@@ -23,7 +24,7 @@ from scheduler.admission import (
     job_from_spec,
     spec_validate,
 )
-from scheduler.core.model import MILLI, billed_share_milli
+from scheduler.core.model import MILLI, billed_share_milli, gpus_requested
 from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
@@ -60,65 +61,108 @@ def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
     return job
 
 
-def _candidate_models(spec: JobSpec) -> list[GpuModel]:
+class PricedRequest(Protocol):
+    """What a quote reads of a job request: a `JobSpec` before submission, or the `Job` row
+    itself while it waits (one job row is one shard). Read from the row itself, never from a
+    spec rebuilt from it: a copy that drops a field (the fraction's GPU memory) quotes less
+    than billing charges."""
+
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def gpu_milli(self) -> int: ...
+    @property
+    def gpu_memory_mib(self) -> int: ...
+    @property
+    def nodes(self) -> int | None: ...
+    @property
+    def gpus_per_node(self) -> int | None: ...
+    @property
+    def gpu_model(self) -> GpuModel | None: ...
+    @property
+    def gpu_models(self) -> Sequence[str]: ...
+    @property
+    def min_gpu_memory_gb(self) -> int: ...
+    @property
+    def precisions(self) -> Sequence[str]: ...
+    @property
+    def preemptible(self) -> bool: ...
+    @property
+    def runtime_estimate_s(self) -> int | None: ...
+
+
+def _candidate_models(request: PricedRequest) -> list[GpuModel]:
     """The models a job may land on: its model, or the models meeting its constraints that
     the fleet has healthy GPUs of (the whole catalog's when the fleet has none of them)."""
-    if spec.gpu_model is not None:
-        return [spec.gpu_model]
-    if spec.gpu_models:
-        return list(GpuModel.objects.filter(is_active=True, name__in=list(spec.gpu_models)))
-    meeting = gpu_models_meeting(min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions)
+    if request.gpu_model is not None:
+        return [request.gpu_model]
+    if request.gpu_models:
+        return list(GpuModel.objects.filter(is_active=True, name__in=list(request.gpu_models)))
+    meeting = gpu_models_meeting(
+        min_memory_gb=request.min_gpu_memory_gb, precisions=request.precisions
+    )
     in_fleet = {m.pk for m in gpu_model_list() if m.fleet_gpus}  # type: ignore[attr-defined]
     return [m for m in meeting if m.pk in in_fleet] or meeting
 
 
-def _billed_fraction(spec: JobSpec, model: GpuModel) -> Decimal:
-    """GPUs billed for the job on `model` before it is placed: each device's share as billing
-    bills it (`billed_share_milli`: the larger of compute and memory, at least the minimum),
-    on a device that is not time-sliced (a time-sliced one can only bill less)."""
+def billed_gpus(request: PricedRequest, model: GpuModel, *, shards: int = 1) -> Decimal:
+    """GPUs billed for the request on `model` before it is placed: each device's share as
+    billing bills it (`billed_share_milli`: the larger of compute and memory, at least the
+    minimum), on a device that is not time-sliced (a time-sliced one can only bill less),
+    for each of its `shards`. The dry run, the job page and billing's hard-cap admission
+    all reckon with this."""
     billed = billed_share_milli(
-        min(spec.gpu_milli, MILLI), MILLI, spec.gpu_memory_mib, model.memory_mib
+        min(request.gpu_milli, MILLI), MILLI, request.gpu_memory_mib, model.memory_mib
     )
-    return Decimal(spec.gpu_count * billed) / MILLI
+    devices = gpus_requested(request.gpus, request.nodes, request.gpus_per_node)
+    return Decimal(devices * billed * shards) / MILLI
 
 
-def _per_hour(rate: Decimal, spec: JobSpec, model: GpuModel) -> Decimal:
-    return (rate * _billed_fraction(spec, model) * spec.shard_count).quantize(CENT, ROUND_HALF_UP)
+def _per_hour(rate: Decimal, request: PricedRequest, model: GpuModel, shards: int) -> Decimal:
+    return (rate * billed_gpus(request, model, shards=shards)).quantize(CENT, ROUND_HALF_UP)
 
 
 def quote(
-    spec: JobSpec, *, borrowed: bool = False, candidates: list[GpuModel] | None = None
+    request: PricedRequest,
+    *,
+    borrowed: bool = False,
+    candidates: list[GpuModel] | None = None,
+    shards: int = 1,
 ) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
     """(rate per GPU-hour, cost per hour, cost for the runtime estimate). Without a model, the
     cheapest model it may land on sets the rate (see `quote_most` for the dearest)."""
     if candidates is None:
-        candidates = _candidate_models(spec)
+        candidates = _candidate_models(request)
     model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
     if model is None:
         return None, None, None
-    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    per_hour = _per_hour(rate, spec, model)
-    return rate, per_hour, _for_estimate(per_hour, spec)
+    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=request.preemptible or borrowed)
+    per_hour = _per_hour(rate, request, model, shards)
+    return rate, per_hour, _for_estimate(per_hour, request)
 
 
 def quote_most(
-    spec: JobSpec, *, borrowed: bool = False, candidates: list[GpuModel] | None = None
+    request: PricedRequest,
+    *,
+    borrowed: bool = False,
+    candidates: list[GpuModel] | None = None,
+    shards: int = 1,
 ) -> Decimal | None:
     """Cost per hour on the dearest model a job without one may land on; None where every
     candidate costs the same (or the job names its model)."""
     if candidates is None:
-        candidates = _candidate_models(spec)
+        candidates = _candidate_models(request)
     if len({m.price_per_gpu_hour for m in candidates}) < 2:
         return None
     model = max(candidates, key=lambda m: m.price_per_gpu_hour)
-    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    return _per_hour(rate, spec, model)
+    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=request.preemptible or borrowed)
+    return _per_hour(rate, request, model, shards)
 
 
-def _for_estimate(per_hour: Decimal, spec: JobSpec) -> Decimal | None:
-    if not spec.runtime_estimate_s:
+def _for_estimate(per_hour: Decimal, request: PricedRequest) -> Decimal | None:
+    if not request.runtime_estimate_s:
         return None
-    return (per_hour * Decimal(spec.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
+    return (per_hour * Decimal(request.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
 
 
 def shares_cost_per_hour(shares: Iterable[tuple[GpuModel, int]], *, preemptible: bool) -> Decimal:
@@ -137,25 +181,9 @@ class HourlyCost:
     high: Decimal | None = None
 
 
-def _spec_of(job: Job) -> JobSpec:
-    return JobSpec(
-        name=job.name,
-        command=job.command,
-        gpus=job.gpus,
-        gpu_milli=job.gpu_milli,
-        gpu_model=job.gpu_model,
-        gpu_models=tuple(job.gpu_models),
-        min_gpu_memory_gb=job.min_gpu_memory_gb,
-        precisions=tuple(job.precisions),
-        nodes=job.nodes,
-        gpus_per_node=job.gpus_per_node,
-        preemptible=job.preemptible,
-    )
-
-
 def job_hourly_cost(job: Job) -> HourlyCost | None:
     """What the job costs per hour while it runs, at today's rates: from the GPUs it holds
-    when placed, else from what it asks for."""
+    when placed, else from what it asks for (the row itself: one shard)."""
     preemptible = job.preemptible or job.borrowed
     held = [
         (a.gpu_model, a.billed_share())
@@ -165,12 +193,11 @@ def job_hourly_cost(job: Job) -> HourlyCost | None:
         return HourlyCost(shares_cost_per_hour(held, preemptible=preemptible))
     if job.is_terminal:
         return None
-    spec = _spec_of(job)
-    candidates = _candidate_models(spec)
-    low = quote(spec, borrowed=job.borrowed, candidates=candidates)[1]
+    candidates = _candidate_models(job)
+    low = quote(job, borrowed=job.borrowed, candidates=candidates)[1]
     if low is None:
         return None
-    return HourlyCost(low, quote_most(spec, borrowed=job.borrowed, candidates=candidates))
+    return HourlyCost(low, quote_most(job, borrowed=job.borrowed, candidates=candidates))
 
 
 def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
@@ -219,8 +246,12 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         most = None
     else:
         candidates = _candidate_models(spec)
-        rate, per_hour, total = quote(spec, borrowed=verdict.borrowed, candidates=candidates)
-        most = quote_most(spec, borrowed=verdict.borrowed, candidates=candidates)
+        rate, per_hour, total = quote(
+            spec, borrowed=verdict.borrowed, candidates=candidates, shards=spec.shard_count
+        )
+        most = quote_most(
+            spec, borrowed=verdict.borrowed, candidates=candidates, shards=spec.shard_count
+        )
     return DryRun(
         admitted=verdict.admit,
         borrowed=verdict.borrowed,
@@ -247,7 +278,7 @@ def _placed_quote(
     is gone since the plan's snapshot."""
     gpus = Gpu.objects.select_related("model").in_bulk([s.gpu_id for s in placement.shares])
     if not placement.shares or any(s.gpu_id not in gpus for s in placement.shares):
-        return quote(spec, borrowed=borrowed)
+        return quote(spec, borrowed=borrowed, shards=spec.shard_count)
     shares = [
         (
             gpus[s.gpu_id].model,
