@@ -41,6 +41,7 @@ from scheduler.core.reasons import PendingReason
 from scheduler.core.scorers import SCORER_NAMES
 from scheduler.dependencies import dependencies_settle
 from scheduler.models import (
+    STOPPABLE_STATES,
     Allocation,
     Gpu,
     Job,
@@ -655,7 +656,7 @@ def _apply_plan_locked(
             Job.objects.select_for_update()
             .filter(
                 pk=preemption.job_id,
-                state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
+                state__in=STOPPABLE_STATES,
             )
             .first()
         )

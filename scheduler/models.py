@@ -290,12 +290,16 @@ class JobState(models.TextChoices):
     LOST = "lost", "Lost"
 
 
+# The states that hold GPUs: a job's allocations are active exactly while it is in one
+# (entering one places it, leaving one ends them); its nodes' agents run or stop it then.
 ACTIVE_STATES = (
     JobState.SCHEDULED,
     JobState.STARTING,
     JobState.RUNNING,
     JobState.PREEMPTING,
 )
+# Holding GPUs and not already stopping: what a preemption, a drain or a budget cap stops.
+STOPPABLE_STATES = tuple(s for s in ACTIVE_STATES if s != JobState.PREEMPTING)
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
 
 
