@@ -24,7 +24,7 @@ from portal.money import format_money
 from scheduler.admission import JobSpec, Verdict
 from scheduler.core.reasons import format_duration
 from scheduler.estimates import billed_gpus
-from scheduler.models import GpuModel
+from scheduler.selectors import gpu_models_job_may_use
 
 
 def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
@@ -32,15 +32,12 @@ def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
     billed before placement (`scheduler.estimates.billed_gpus`, the dry run's figure) × the rate of its model
     (the dearest it may land on when it names none) × its time limit, or
     BILLING_CAP_ASSUMED_HOURS when it has none (the cap's enforcement stops it anyway)."""
-    model = spec.gpu_model
-    if model is None:
-        candidates = GpuModel.objects.filter(is_active=True, memory_gb__gte=spec.min_gpu_memory_gb)
-        if spec.gpu_models:
-            candidates = candidates.filter(name__in=list(spec.gpu_models))
-        model = candidates.order_by("-price_per_gpu_hour").first()
+    candidates = gpu_models_job_may_use(spec)
+    rates = selectors.rates_now(gpu_models=candidates, preemptible=spec.preemptible)
+    model = max(candidates, key=lambda m: (rates[m.pk], m.name), default=None)
     if model is None:
         return Decimal(0), "no model it may run on"
-    rate = selectors.quote_rate(gpu_model=model, preemptible=spec.preemptible)
+    rate = rates[model.pk]
     gpus = billed_gpus(spec, model, shards=spec.shard_count)
     if spec.time_limit_s:
         hours = Decimal(spec.time_limit_s) / 3600
@@ -53,16 +50,12 @@ def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
 
 
 def _preemptible_offer(spec: JobSpec) -> str:
-    model = spec.gpu_model
-    if model is None:
-        model = (
-            GpuModel.objects.filter(is_active=True, memory_gb__gte=spec.min_gpu_memory_gb)
-            .order_by("price_per_gpu_hour")
-            .first()
-        )
+    candidates = gpu_models_job_may_use(spec)
+    rates = selectors.rates_now(gpu_models=candidates, preemptible=True)
+    model = min(candidates, key=lambda m: (rates[m.pk], m.name), default=None)
     if model is None:
         return "Resubmit it as preemptible"
-    rate = selectors.quote_rate(gpu_model=model, preemptible=True)
+    rate = rates[model.pk]
     return (
         f"Resubmit it as preemptible ({model.name} at {format_money(rate, places=4)}/GPU-hour "
         "on idle GPUs; it may be stopped)"

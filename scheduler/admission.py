@@ -45,7 +45,7 @@ from scheduler.models import (
     PriorityClass,
     Quota,
 )
-from scheduler.selectors import gpu_models_meeting, project_gpu_hours
+from scheduler.selectors import gpu_models_job_may_use, project_gpu_hours
 from scheduler.transitions import can_transition, job_transition
 
 MAX_GPUS_PER_JOB = 4096
@@ -238,12 +238,7 @@ def spec_validate(spec: JobSpec) -> JobSpec:
         unknown_models = [name for name in spec.gpu_models if name not in active]
         if unknown_models:
             raise bad("gpu_models", f"Unknown GPU model {', '.join(unknown_models)}.")
-        fitting = [
-            m
-            for m in active.values()
-            if m.memory_gb >= spec.min_gpu_memory_gb and set(spec.precisions) <= set(m.precisions)
-        ]
-        if not fitting:
+        if not gpu_models_job_may_use(spec):
             raise bad(
                 "gpu_models",
                 "None of " + ", ".join(spec.gpu_models) + " meets the memory and precision asked.",
@@ -260,9 +255,7 @@ def spec_validate(spec: JobSpec) -> JobSpec:
             raise bad("precisions", f"{model.name} does not support {', '.join(missing)}.")
         if spec.gpu_memory_mib > model.memory_mib:
             raise bad("gpu_memory_mib", f"{model.name} has only {model.memory_mib} MiB.")
-    elif not spec.gpu_models and not gpu_models_meeting(
-        min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions
-    ):
+    elif not spec.gpu_models and not gpu_models_job_may_use(spec):
         raise bad(
             "precisions",
             "No GPU model in the catalog meets these constraints; relax memory or precision.",

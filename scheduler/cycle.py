@@ -34,6 +34,7 @@ from scheduler.core.model import (
     Snapshot,
     billed_share_milli,
     gpu_capacity_milli,
+    memory_gb_as_mib,
     planned_runtime_s,
 )
 from scheduler.core.plan import QUEUE_POLICIES, Plan, PolicyConfig, plan
@@ -142,7 +143,7 @@ def job_request_from_row(
         nodes=row.nodes,
         gpus_per_node=row.gpus_per_node,
         models=frozenset({row.gpu_model}) if row.gpu_model else any_of,
-        min_gpu_memory_mib=row.min_gpu_memory_gb * 1000 * 1000 * 1000 // (1024 * 1024),
+        min_gpu_memory_mib=memory_gb_as_mib(row.min_gpu_memory_gb),
         precisions=precisions,
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,

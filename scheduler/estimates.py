@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Protocol
@@ -29,7 +29,7 @@ from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
 from scheduler.models import Gpu, GpuModel, Job, JobState, Pool, Quota
-from scheduler.selectors import gpu_model_list, gpu_models_meeting
+from scheduler.selectors import gpu_model_list, gpu_models_job_may_use
 
 DRY_RUN_ID = -1
 CENT = Decimal("0.01")
@@ -92,17 +92,13 @@ class PricedRequest(Protocol):
 
 
 def _candidate_models(request: PricedRequest) -> list[GpuModel]:
-    """The models a job may land on: its model, or the models meeting its constraints that
-    the fleet has healthy GPUs of (the whole catalog's when the fleet has none of them)."""
-    if request.gpu_model is not None:
-        return [request.gpu_model]
-    if request.gpu_models:
-        return list(GpuModel.objects.filter(is_active=True, name__in=list(request.gpu_models)))
-    meeting = gpu_models_meeting(
-        min_memory_gb=request.min_gpu_memory_gb, precisions=request.precisions
-    )
+    """The models a job may land on (`gpu_models_job_may_use`), of those the fleet has
+    healthy GPUs of when it has any (a named model is its own answer)."""
+    may = gpu_models_job_may_use(request)
+    if request.gpu_model is not None or len(may) < 2:
+        return may
     in_fleet = {m.pk for m in gpu_model_list() if m.fleet_gpus}  # type: ignore[attr-defined]
-    return [m for m in meeting if m.pk in in_fleet] or meeting
+    return [m for m in may if m.pk in in_fleet] or may
 
 
 def billed_gpus(request: PricedRequest, model: GpuModel, *, shards: int = 1) -> Decimal:
@@ -116,6 +112,26 @@ def billed_gpus(request: PricedRequest, model: GpuModel, *, shards: int = 1) -> 
     )
     devices = gpus_requested(request.gpus, request.nodes, request.gpus_per_node)
     return Decimal(devices * billed * shards) / MILLI
+
+
+def rates_now(models: Iterable[GpuModel], *, preemptible: bool = False) -> dict[int, Decimal]:
+    """What billing charges per GPU-hour on each model now, by model id (billing's
+    `ports.PRICE_QUOTE`: the price list, not the catalog's list price). Every price a page
+    or the API shows, and every quote, comes from here."""
+    models = list(models)
+    if not models:
+        return {}
+    return ports.PRICE_QUOTE.get()(gpu_models=models, preemptible=preemptible)
+
+
+def with_rates(models: Iterable[GpuModel]) -> list[GpuModel]:
+    """The models, each with `rate_per_gpu_hour`: what billing charges on it now (on demand);
+    the catalog's pages and API show this."""
+    models = list(models)
+    rates = rates_now(models)
+    for model in models:
+        model.rate_per_gpu_hour = rates[model.pk]  # type: ignore[attr-defined]
+    return models
 
 
 def _per_hour(rate: Decimal, request: PricedRequest, model: GpuModel, shards: int) -> Decimal:
@@ -133,10 +149,11 @@ def quote(
     cheapest model it may land on sets the rate (see `quote_most` for the dearest)."""
     if candidates is None:
         candidates = _candidate_models(request)
-    model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
+    rates = rates_now(candidates, preemptible=request.preemptible or borrowed)
+    model = min(candidates, key=lambda m: (rates[m.pk], m.name), default=None)
     if model is None:
         return None, None, None
-    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=request.preemptible or borrowed)
+    rate = rates[model.pk]
     per_hour = _per_hour(rate, request, model, shards)
     return rate, per_hour, _for_estimate(per_hour, request)
 
@@ -152,11 +169,11 @@ def quote_most(
     candidate costs the same (or the job names its model)."""
     if candidates is None:
         candidates = _candidate_models(request)
-    if len({m.price_per_gpu_hour for m in candidates}) < 2:
+    rates = rates_now(candidates, preemptible=request.preemptible or borrowed)
+    if len(set(rates.values())) < 2:
         return None
-    model = max(candidates, key=lambda m: m.price_per_gpu_hour)
-    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=request.preemptible or borrowed)
-    return _per_hour(rate, request, model, shards)
+    model = max(candidates, key=lambda m: (rates[m.pk], m.name))
+    return _per_hour(rates[model.pk], request, model, shards)
 
 
 def _for_estimate(per_hour: Decimal, request: PricedRequest) -> Decimal | None:
@@ -292,11 +309,10 @@ def _placed_quote(
         shares * spec.shard_count, preemptible=spec.preemptible or borrowed
     )
     models = {model for model, _ in shares}  # one model: its rate per GPU-hour, too
-    rate = (
-        ports.PRICE_QUOTE.get()(gpu_model=models.pop(), preemptible=spec.preemptible or borrowed)
-        if len(models) == 1
-        else None
-    )
+    rate = None
+    if len(models) == 1:
+        model = models.pop()
+        rate = rates_now([model], preemptible=spec.preemptible or borrowed)[model.pk]
     return rate, per_hour, _for_estimate(per_hour, spec)
 
 
@@ -307,6 +323,7 @@ class ModelAvailability:
     free_gpus: int
     queued_gpus: int
     estimated_wait: str
+    rate_per_gpu_hour: Decimal | None = None  # what billing charges on demand now
 
 
 AVAILABILITY_KEY = "scheduler:model-availability"
@@ -328,8 +345,15 @@ def model_availability() -> list[ModelAvailability]:
             AVAILABILITY_REFRESHING, 1, timeout=30
         ):
             enqueue("scheduler.model_availability_refresh")
-        return _from_rows(cached["rows"])
-    return model_availability_refresh()
+        return _priced(_from_rows(cached["rows"]))
+    return _priced(model_availability_refresh())
+
+
+def _priced(rows: list[ModelAvailability]) -> list[ModelAvailability]:
+    """Each row with what billing charges on its model now (read at each page, never cached:
+    a price published a second ago shows)."""
+    rates = rates_now([a.model for a in rows])
+    return [replace(a, rate_per_gpu_hour=rates[a.model.pk]) for a in rows]
 
 
 def _from_rows(rows: list[dict[str, object]]) -> list[ModelAvailability]:

@@ -15,6 +15,7 @@ from scheduler.core.model import (
     gpu_capacity_milli,
     gpu_demand_milli,
     gpus_requested,
+    memory_gb_as_mib,
     runs_gang_members,
 )
 from scheduler.core.plan import QUEUE_POLICIES
@@ -61,7 +62,7 @@ class GpuModel(models.Model):
 
     @property
     def memory_mib(self) -> int:
-        return self.memory_gb * 1000 * 1000 * 1000 // (1024 * 1024)
+        return memory_gb_as_mib(self.memory_gb)
 
     @property
     def supports_mig(self) -> bool:

@@ -22,7 +22,7 @@ from scheduler import backends, job_templates, quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
 from scheduler.dependencies import array_retry_failed, array_view, is_array_root
 from scheduler.elastic import job_resize_request
-from scheduler.estimates import job_dry_run, model_availability
+from scheduler.estimates import job_dry_run, model_availability, with_rates
 from scheduler.forms import (
     DecisionForm,
     JobForm,
@@ -49,7 +49,7 @@ def catalog(request: HttpRequest) -> HttpResponse:
     except DomainError as exc:
         error, filters = exc.message, CatalogFilter()
     context = {
-        "gpu_models": gpu_model_list(filters=filters),
+        "gpu_models": with_rates(gpu_model_list(filters=filters)),
         "filters": filters,
         "precisions": PRECISIONS,
         "memory_choices": [16, 24, 40, 48, 80, 141],

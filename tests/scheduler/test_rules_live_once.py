@@ -76,3 +76,78 @@ def test_leaving_a_state_that_holds_gpus_ends_the_allocations(team, fleet, api):
     assert job.state in ACTIVE_STATES
     job_transition(job=job, to=JobState.CANCELLED, actor_label="test", reason="test")
     assert not Allocation.objects.filter(job=job, ended_at__isnull=True).exists()
+
+
+def test_every_price_shown_is_what_billing_charges_once_a_new_price_is_published(
+    team, fleet, api, client
+):
+    """The catalog's list price is where a model's price starts; once a price list is
+    published, the pages, the API and the quotes show the published price, which billing
+    charges."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from billing import services
+    from billing.selectors import job_cost
+
+    l4 = fleet["l4"]
+    now = timezone.now()
+    services.price_publish(
+        actor=None, gpu_model=l4, effective_from=now, on_demand_per_gpu_hour=Decimal("2.3456")
+    )
+    assert l4.price_per_gpu_hour != Decimal("2.3456")  # the catalog still says the old one
+    shown = "2.35"
+    member = team["member"]
+    client.force_login(member)
+    catalog = client.get("/gpus/").content.decode()
+    row = catalog[catalog.index("<strong>L4</strong>") :].split("</tr>")[0]
+    assert f'<td class="num">{shown}</td>' in row
+    models = {m["name"]: m for m in api(member).get("/api/v1/gpu-models/").json()}
+    assert models["L4"]["price_per_gpu_hour"] == "2.3456"
+    one = api(member).get("/api/v1/gpu-models/L4/").json()
+    assert one["price_per_gpu_hour"] == "2.3456"
+    for page in ("/", "/jobs/new/"):
+        text = client.get(page).content.decode()
+        row = text[text.index('gpu_model=L4"' if page == "/" else 'value="L4"') :].split("</tr>")[0]
+        assert f'<td class="num">{shown}</td>' in row, page
+    body = {"project": "alpha", "name": "x", "command": "true", "gpu_model": "L4", "gpus": 1}
+    dry = api(member).post("/api/v1/jobs/dry-run", body, format="json").json()
+    assert Decimal(dry["rate_per_gpu_hour"]) == Decimal("2.3456")
+    job = Job.objects.get(pk=api(member).post("/api/v1/jobs", body, format="json").json()["id"])
+    run_cycle()
+    started = Allocation.objects.get(job=job).started_at.replace(microsecond=0)
+    billed = job_cost(job, now=started + timedelta(hours=1))
+    assert Decimal(dry["cost_per_hour"]) == billed  # a whole GPU of a time-sliced ×2 L4
+
+
+def test_the_models_a_job_may_land_on_are_the_same_for_the_quote_billing_and_the_planner(
+    team, fleet, api
+):
+    """L4 or H100, with at least 40 GB: only the H100 may take it. The dry run and the job
+    page quote the H100 alone (no range), billing's hard-cap check reckons with the H100,
+    and the planner places it there."""
+    from billing.admission import expected_cost
+    from scheduler.admission import JobSpec, job_submit
+    from scheduler.estimates import job_dry_run, job_hourly_cost, rates_now
+
+    h100 = fleet["h100"]
+    spec = JobSpec(
+        name="x", command="true", gpu_models=("L4", "H100-80GB-SXM"), min_gpu_memory_gb=40
+    )
+    dry = job_dry_run(project=team["a"], spec=spec)
+    assert dry.cost_per_hour_most is None
+    assert dry.rate_per_gpu_hour == rates_now([h100])[h100.pk]
+    assert "× H100-80GB-SXM" in expected_cost(spec)[1]
+    # nothing but L4s free: it waits rather than land on one, quoted on the H100 alone
+    for name in ("h1", "h2"):
+        Gpu.objects.filter(node=fleet["nodes"][name]).update(health=Gpu.Health.UNHEALTHY)
+    (job,) = job_submit(actor=team["member"], project=team["a"], spec=spec)
+    run_cycle()
+    assert not Allocation.objects.filter(job=job).exists()
+    assert job_hourly_cost(job).high is None
+    assert job_hourly_cost(job).low == dry.cost_per_hour
+    Gpu.objects.filter(node__in=[fleet["nodes"]["h1"], fleet["nodes"]["h2"]]).update(
+        health=Gpu.Health.HEALTHY
+    )
+    run_cycle()
+    assert Allocation.objects.get(job=job).gpu_model == h100
