@@ -25,6 +25,7 @@ from portal.db import bulk_update_rows, insert_rows
 from scheduler import backends, elastic, gangs, ports
 from scheduler import cycle_reads as reads
 from scheduler.core.model import (
+    MILLI,
     GpuView,
     JobRequest,
     NodeView,
@@ -33,6 +34,7 @@ from scheduler.core.model import (
     Share,
     Snapshot,
     billed_share_milli,
+    device_share_milli,
     gpu_capacity_milli,
     memory_gb_as_mib,
     planned_runtime_s,
@@ -160,21 +162,31 @@ def job_request_from_row(
 def _decayed_usage(
     project_ids: set[int], now: datetime, active: list[reads.ActiveAllocationRow]
 ) -> dict[int, float]:
-    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours.
+    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours; a
+    share counts as the part of its device it holds (`device_share_milli`), as quotas count
+    GPU-hours and billing bills them.
 
     `active` holds the active allocations, already read by the snapshot; only the allocations that ended within the week are read here.
     """
     usage: dict[int, float] = defaultdict(float)
     since = now - timedelta(days=7)
     now_s, since_s = ts(now), ts(since)
-    rows: list[tuple[int, int, float, float]] = [
-        (a.project_id, a.share_milli, a.started_s, now_s)
+    rows: list[tuple[int, int, float, float, str, int]] = [
+        (
+            a.project_id,
+            a.share_milli,
+            a.started_s,
+            now_s,
+            a.gpu_sharing_mode,
+            a.gpu_oversubscription,
+        )
         for a in active
         if a.project_id in project_ids
     ]
     rows += reads.ENDED_ALLOCATIONS.rows(project_ids=list(project_ids), since=since)
-    for project_id, share, started, end in rows:
-        hours = max(0.0, end - max(started, since_s)) / 3600 * share / 1000
+    for project_id, share, started, end, sharing, factor in rows:
+        held = device_share_milli(share, gpu_capacity_milli(sharing, factor))
+        hours = max(0.0, end - max(started, since_s)) / 3600 * held / MILLI
         age_h = (now_s - end) / 3600
         usage[project_id] += hours * math.pow(0.5, age_h / FAIR_SHARE_HALF_LIFE_H)
     return usage

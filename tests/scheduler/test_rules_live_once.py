@@ -151,3 +151,37 @@ def test_the_models_a_job_may_land_on_are_the_same_for_the_quote_billing_and_the
     )
     run_cycle()
     assert Allocation.objects.get(job=job).gpu_model == h100
+
+
+def test_fair_share_counts_gpu_hours_as_quotas_count_them(team, fleet):
+    """A project's fair-share usage (undecayed: the allocation ends now) is the GPU-hours its
+    quota counts: a whole-GPU share on a time-sliced ×2 L4 is half a GPU-hour an hour, and a
+    running one counts the same."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from scheduler import cycle_reads
+    from scheduler.cycle import _decayed_usage
+    from scheduler.selectors import project_gpu_hours
+
+    project = team["a"]
+    now = timezone.now().replace(microsecond=0)
+    l4 = Gpu.objects.filter(model=fleet["l4"]).order_by("pk")
+    job = Job.objects.create(
+        project=project, submitted_by=team["member"], name="x", command="true", state="running"
+    )
+    for gpu, ended in ((l4[0], now), (l4[1], None)):  # one ended just now, one running
+        Allocation.objects.create(
+            job=job,
+            gpu=gpu,
+            node=gpu.node,
+            attempt=1,
+            share_milli=1000,
+            gpu_model=fleet["l4"],
+            started_at=now - timedelta(hours=2),
+            ended_at=ended,
+        )
+    quota_hours = project_gpu_hours(project, since=now - timedelta(days=7), now=now)
+    assert quota_hours == Decimal("2.00")  # 2 shares × 2 h × half a GPU
+    usage = _decayed_usage({project.pk}, now, cycle_reads.ACTIVE_ALLOCATIONS.rows())
+    assert usage[project.pk] == pytest.approx(float(quota_hours), rel=1e-6)
