@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -29,7 +29,7 @@ from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
 from scheduler.models import Gpu, GpuModel, Job, JobState, Pool, Quota
-from scheduler.selectors import gpu_model_list, gpu_models_job_may_use
+from scheduler.selectors import ModelAsk, gpu_model_list, gpu_models_job_may_use
 
 DRY_RUN_ID = -1
 CENT = Decimal("0.01")
@@ -61,11 +61,11 @@ def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
     return job
 
 
-class PricedRequest(Protocol):
-    """What a quote reads of a job request: a `JobSpec` before submission, or the `Job` row
-    itself while it waits (one job row is one shard). Read from the row itself, never from a
-    spec rebuilt from it: a copy that drops a field (the fraction's GPU memory) quotes less
-    than billing charges."""
+class PricedRequest(ModelAsk, Protocol):
+    """What a quote reads of a job request (besides the models it may land on): a `JobSpec`
+    before submission, or the `Job` row itself while it waits (one job row is one shard).
+    Read from the row itself, never from a spec rebuilt from it: a copy that drops a field
+    (the fraction's GPU memory) quotes less than billing charges."""
 
     @property
     def gpus(self) -> int: ...
@@ -77,14 +77,6 @@ class PricedRequest(Protocol):
     def nodes(self) -> int | None: ...
     @property
     def gpus_per_node(self) -> int | None: ...
-    @property
-    def gpu_model(self) -> GpuModel | None: ...
-    @property
-    def gpu_models(self) -> Sequence[str]: ...
-    @property
-    def min_gpu_memory_gb(self) -> int: ...
-    @property
-    def precisions(self) -> Sequence[str]: ...
     @property
     def preemptible(self) -> bool: ...
     @property
