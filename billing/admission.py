@@ -22,29 +22,23 @@ from portal.db import AnyOf, CompiledQuery
 from portal.models import Project
 from portal.money import format_money
 from scheduler.admission import JobSpec, Verdict
-from scheduler.core.model import MILLI, billed_share_milli
 from scheduler.core.reasons import format_duration
-from scheduler.models import GpuModel
+from scheduler.estimates import billed_gpus
+from scheduler.selectors import gpu_models_job_may_use
 
 
 def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
     """What admitting `spec` commits under a hard cap, and how it was reckoned: its GPUs as
-    billed (`billed_share_milli`, on a device that is not time-sliced) × the rate of its model
+    billed before placement (`scheduler.estimates.billed_gpus`, the dry run's figure) × the rate of its model
     (the dearest it may land on when it names none) × its time limit, or
     BILLING_CAP_ASSUMED_HOURS when it has none (the cap's enforcement stops it anyway)."""
-    model = spec.gpu_model
-    if model is None:
-        candidates = GpuModel.objects.filter(is_active=True, memory_gb__gte=spec.min_gpu_memory_gb)
-        if spec.gpu_models:
-            candidates = candidates.filter(name__in=list(spec.gpu_models))
-        model = candidates.order_by("-price_per_gpu_hour").first()
+    candidates = gpu_models_job_may_use(spec)
+    rates = selectors.rates_now(gpu_models=candidates, preemptible=spec.preemptible)
+    model = max(candidates, key=lambda m: (rates[m.pk], m.name), default=None)
     if model is None:
         return Decimal(0), "no model it may run on"
-    rate = selectors.quote_rate(gpu_model=model, preemptible=spec.preemptible)
-    billed = billed_share_milli(
-        min(spec.gpu_milli, MILLI), MILLI, spec.gpu_memory_mib, model.memory_mib
-    )
-    gpus = Decimal(billed * spec.gpu_count * spec.shard_count) / MILLI
+    rate = rates[model.pk]
+    gpus = billed_gpus(spec, model, shards=spec.shard_count)
     if spec.time_limit_s:
         hours = Decimal(spec.time_limit_s) / 3600
         how = f"{format_duration(spec.time_limit_s)} time limit"
@@ -56,16 +50,12 @@ def expected_cost(spec: JobSpec) -> tuple[Decimal, str]:
 
 
 def _preemptible_offer(spec: JobSpec) -> str:
-    model = spec.gpu_model
-    if model is None:
-        model = (
-            GpuModel.objects.filter(is_active=True, memory_gb__gte=spec.min_gpu_memory_gb)
-            .order_by("price_per_gpu_hour")
-            .first()
-        )
+    candidates = gpu_models_job_may_use(spec)
+    rates = selectors.rates_now(gpu_models=candidates, preemptible=True)
+    model = min(candidates, key=lambda m: (rates[m.pk], m.name), default=None)
     if model is None:
         return "Resubmit it as preemptible"
-    rate = selectors.quote_rate(gpu_model=model, preemptible=True)
+    rate = rates[model.pk]
     return (
         f"Resubmit it as preemptible ({model.name} at {format_money(rate, places=4)}/GPU-hour "
         "on idle GPUs; it may be stopped)"

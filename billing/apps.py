@@ -10,7 +10,7 @@ class BillingConfig(AppConfig):
         from scheduler import admission as scheduler_admission
         from scheduler import ports
 
-        ports.PRICE_QUOTE.register(selectors.quote_rate)
+        ports.PRICE_QUOTE.register(selectors.rates_now)
         ports.SHARES_COST.register(selectors.shares_cost_per_hour)
         ports.JOB_COST.register(selectors.job_cost)
         ports.JOBS_COST.register(selectors.jobs_cost_port)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -60,21 +60,43 @@ def month_param(raw: str | None, *, now: datetime | None = None) -> date:
 # ---- prices ---------------------------------------------------------------------------------
 
 
-def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
-    """The scheduler's `PRICE_QUOTE` port (registered in billing/apps.py): the rate a job would
-    pay now, from the price list (catalog price when the model has no version yet)."""
-    version = (
-        PriceVersion.objects.filter(gpu_model=gpu_model, effective_from__lte=timezone.now())
-        .order_by("-effective_from")
-        .first()
-    )
-    if version is not None:
-        return version.rate(preemptible=preemptible)
+def _unpriced_rate(gpu_model: GpuModel, *, preemptible: bool) -> Decimal:
+    """A model without a price version yet: the version metering seeds for it before it bills
+    (`price_list_seed`: its catalog price, the default preemptible discount)."""
     return pricing.effective_rate(
         on_demand=gpu_model.price_per_gpu_hour,
         preemptible=preemptible,
         preemptible_discount=PriceVersion.default_preemptible_discount(),
     )
+
+
+def rates_now(
+    *,
+    gpu_models: Iterable[GpuModel],
+    preemptible: bool,
+    table: PriceTable | None = None,
+    now: datetime | None = None,
+) -> dict[int, Decimal]:
+    """The scheduler port `PRICE_QUOTE`: the rate per GPU-hour each model (by id) is charged
+    at `now`, as metering charges it: the price version in force (the price list read once),
+    else the version metering would seed. Every price a page or the API shows comes from
+    here, never from the catalog's list price, which a published price overrides."""
+    table = table or PriceTable.load()
+    now = now or timezone.now()
+    out: dict[int, Decimal] = {}
+    for model in gpu_models:
+        version = table.at(model.pk, now)
+        out[model.pk] = (
+            version.rate(preemptible=preemptible)
+            if version is not None
+            else _unpriced_rate(model, preemptible=preemptible)
+        )
+    return out
+
+
+def quote_rate(*, gpu_model: GpuModel, preemptible: bool) -> Decimal:
+    """The rate a job on this model is charged now (`rates_now` for one model)."""
+    return rates_now(gpu_models=[gpu_model], preemptible=preemptible)[gpu_model.pk]
 
 
 def shares_cost_per_hour(
@@ -96,7 +118,7 @@ def shares_cost_per_hour(
         rate = (
             version.rate(preemptible=preemptible)
             if version is not None
-            else quote_rate(gpu_model=model, preemptible=preemptible)
+            else _unpriced_rate(model, preemptible=preemptible)
         )
         total += rate * billed / pricing.MILLI
     return total
@@ -200,7 +222,7 @@ def _open_usage(
         rate = (
             version.rate(preemptible=preemptible)
             if version is not None
-            else quote_rate(gpu_model=alloc.gpu_model, preemptible=preemptible)
+            else _unpriced_rate(alloc.gpu_model, preemptible=preemptible)
         )
         billed = alloc.billed_share()
         ms = int((end - begin).total_seconds()) * billed

@@ -19,6 +19,7 @@ from billing import exports, gateway, pricing, selectors, services
 from billing.forms import BudgetForm
 from billing.models import Invoice, InvoiceLine, MonthClose, UsageRecord
 from billing.services import month_close
+from portal.approvals import ask_from_post, decide_from_post
 from portal.errors import DomainError, NotFound, PermissionDenied
 from portal.forms import errors_in_words
 from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
@@ -236,19 +237,13 @@ def reservation_request_new(request: HttpRequest, slug: str) -> HttpResponse:
     from billing import reservation_requests
     from billing.forms import ReservationRequestForm
 
-    project = project_get_visible(user=_user(request), slug=slug)
-    form = ReservationRequestForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"The request was not sent: {errors_in_words(form)}")
-        return redirect("project-requests", slug=project.slug)
-    try:
-        reservation_requests.reservation_request_create(
-            actor=_user(request), project=project, **form.cleaned_data
-        )
-        messages.success(request, "Reservation request sent to the operators.")
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    return redirect("project-requests", slug=project.slug)
+    return ask_from_post(
+        request,
+        project=project_get_visible(user=_user(request), slug=slug),
+        form=ReservationRequestForm(request.POST),
+        create=reservation_requests.reservation_request_create,
+        sent="Reservation request sent to the operators.",
+    )
 
 
 @login_required
@@ -259,24 +254,14 @@ def reservation_request_decide(request: HttpRequest, request_id: int) -> HttpRes
 
     if not _user(request).is_staff:
         raise PermissionDenied("Operators only.")
-    form = DecisionForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Choose approve or decline.")
-        return redirect("request-queue")
-    try:
-        if form.cleaned_data["decision"] == "approve":
-            reservation_requests.reservation_request_approve(
-                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
-            )
-            messages.success(request, "Approved: the reserved plan starts now.")
-        else:
-            reservation_requests.reservation_request_decline(
-                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
-            )
-            messages.success(request, "Declined.")
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    return redirect("request-queue")
+    return decide_from_post(
+        request,
+        request_id=request_id,
+        form=DecisionForm(request.POST),
+        approve=reservation_requests.reservation_request_approve,
+        decline=reservation_requests.reservation_request_decline,
+        approved="Approved: the reserved plan starts now.",
+    )
 
 
 # ---- closing a month, for finance (billing/services/month_close.py) ------------------------

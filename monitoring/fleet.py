@@ -19,13 +19,12 @@ from django.db.models import Sum
 
 from monitoring import live
 from monitoring.models import FleetSnapshot
-from scheduler.core.model import MILLI, gpu_demand_milli
+from scheduler.core.model import MILLI, gpu_capacity_milli, gpu_demand_milli
 from scheduler.models import Allocation, Gpu, Job, JobState, Node
 
 log = logging.getLogger(__name__)
 
 SCHEDULABLE = (Node.State.READY,)
-EXCLUSIVE = Gpu.SharingMode.EXCLUSIVE
 
 
 @dataclass
@@ -100,7 +99,7 @@ def _gpu_rows(max_age_s: float) -> list[GpuRow]:
             state,
             model,
             health,
-            1000 if sharing == EXCLUSIVE else 1000 * over,
+            gpu_capacity_milli(sharing, over),
         )
         for pk, index, node_id, node, state, model, health, sharing, over in rows
     ]

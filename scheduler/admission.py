@@ -49,7 +49,7 @@ from scheduler.models import (
     PriorityClass,
     Quota,
 )
-from scheduler.selectors import gpu_models_meeting, project_gpu_hours
+from scheduler.selectors import gpu_models_job_may_use, project_gpu_hours
 from scheduler.transitions import can_transition, job_transition
 
 # What one job stores of its request (command and environment), and an array in all: every
@@ -273,12 +273,7 @@ def _check_gpu_models(spec: JobSpec) -> None:
     unknown_models = [name for name in spec.gpu_models if name not in active]
     if unknown_models:
         raise _bad("gpu_models", f"Unknown GPU model {', '.join(unknown_models)}.")
-    fitting = [
-        m
-        for m in active.values()
-        if m.memory_gb >= spec.min_gpu_memory_gb and set(spec.precisions) <= set(m.precisions)
-    ]
-    if not fitting:
+    if not gpu_models_job_may_use(spec):
         raise _bad(
             "gpu_models",
             "None of " + ", ".join(spec.gpu_models) + " meets the memory and precision asked.",
@@ -300,9 +295,7 @@ def _check_gpu_model(spec: JobSpec) -> None:
             raise _bad("precisions", f"{model.name} does not support {', '.join(missing)}.")
         if spec.gpu_memory_mib > model.memory_mib:
             raise _bad("gpu_memory_mib", f"{model.name} has only {model.memory_mib} MiB.")
-    elif not spec.gpu_models and not gpu_models_meeting(
-        min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions
-    ):
+    elif not spec.gpu_models and not gpu_models_job_may_use(spec):
         raise _bad(
             "precisions",
             "No GPU model in the catalog meets these constraints; relax memory or precision.",

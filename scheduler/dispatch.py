@@ -21,12 +21,10 @@ from django.core.cache import cache
 from django.db import transaction
 
 from portal import push
-from scheduler.models import JobState
+from scheduler.models import ACTIVE_STATES, JobState
 
 VERSION_TTL_S = 30
-_HOLDS_GPUS = frozenset(
-    {JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING}
-)
+_HOLDS_GPUS = frozenset(ACTIVE_STATES)
 
 
 def version_key(node_id: int | str) -> str:

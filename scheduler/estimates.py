@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Protocol
 
 from django.core.cache import cache
 from django.utils import timezone
@@ -23,12 +24,12 @@ from scheduler.admission import (
     job_from_spec,
     spec_validate,
 )
-from scheduler.core.model import MILLI, billed_share_milli
+from scheduler.core.model import MILLI, billed_share_milli, gpus_requested
 from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
 from scheduler.models import Gpu, GpuModel, Job, JobState, Pool, Quota
-from scheduler.selectors import gpu_model_list, gpu_models_meeting
+from scheduler.selectors import ModelAsk, gpu_model_list, gpu_models_job_may_use
 
 DRY_RUN_ID = -1
 CENT = Decimal("0.01")
@@ -60,65 +61,117 @@ def _hypothetical_job(spec: JobSpec, project: Project, now: datetime) -> Job:
     return job
 
 
-def _candidate_models(spec: JobSpec) -> list[GpuModel]:
-    """The models a job may land on: its model, or the models meeting its constraints that
-    the fleet has healthy GPUs of (the whole catalog's when the fleet has none of them)."""
-    if spec.gpu_model is not None:
-        return [spec.gpu_model]
-    if spec.gpu_models:
-        return list(GpuModel.objects.filter(is_active=True, name__in=list(spec.gpu_models)))
-    meeting = gpu_models_meeting(min_memory_gb=spec.min_gpu_memory_gb, precisions=spec.precisions)
+class PricedRequest(ModelAsk, Protocol):
+    """What a quote reads of a job request (besides the models it may land on): a `JobSpec`
+    before submission, or the `Job` row itself while it waits (one job row is one shard).
+    Read from the row itself, never from a spec rebuilt from it: a copy that drops a field
+    (the fraction's GPU memory) quotes less than billing charges."""
+
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def gpu_milli(self) -> int: ...
+    @property
+    def gpu_memory_mib(self) -> int: ...
+    @property
+    def nodes(self) -> int | None: ...
+    @property
+    def gpus_per_node(self) -> int | None: ...
+    @property
+    def preemptible(self) -> bool: ...
+    @property
+    def runtime_estimate_s(self) -> int | None: ...
+
+
+def _candidate_models(request: PricedRequest) -> list[GpuModel]:
+    """The models a job may land on (`gpu_models_job_may_use`), of those the fleet has
+    healthy GPUs of when it has any (a named model is its own answer)."""
+    may = gpu_models_job_may_use(request)
+    if request.gpu_model is not None or len(may) < 2:
+        return may
     in_fleet = {m.pk for m in gpu_model_list() if m.fleet_gpus}  # type: ignore[attr-defined]
-    return [m for m in meeting if m.pk in in_fleet] or meeting
+    return [m for m in may if m.pk in in_fleet] or may
 
 
-def _billed_fraction(spec: JobSpec, model: GpuModel) -> Decimal:
-    """GPUs billed for the job on `model` before it is placed: each device's share as billing
-    bills it (`billed_share_milli`: the larger of compute and memory, at least the minimum),
-    on a device that is not time-sliced (a time-sliced one can only bill less)."""
+def billed_gpus(request: PricedRequest, model: GpuModel, *, shards: int = 1) -> Decimal:
+    """GPUs billed for the request on `model` before it is placed: each device's share as
+    billing bills it (`billed_share_milli`: the larger of compute and memory, at least the
+    minimum), on a device that is not time-sliced (a time-sliced one can only bill less),
+    for each of its `shards`. The dry run, the job page and billing's hard-cap admission
+    all reckon with this."""
     billed = billed_share_milli(
-        min(spec.gpu_milli, MILLI), MILLI, spec.gpu_memory_mib, model.memory_mib
+        min(request.gpu_milli, MILLI), MILLI, request.gpu_memory_mib, model.memory_mib
     )
-    return Decimal(spec.gpu_count * billed) / MILLI
+    devices = gpus_requested(request.gpus, request.nodes, request.gpus_per_node)
+    return Decimal(devices * billed * shards) / MILLI
 
 
-def _per_hour(rate: Decimal, spec: JobSpec, model: GpuModel) -> Decimal:
-    return (rate * _billed_fraction(spec, model) * spec.shard_count).quantize(CENT, ROUND_HALF_UP)
+def rates_now(models: Iterable[GpuModel], *, preemptible: bool = False) -> dict[int, Decimal]:
+    """What billing charges per GPU-hour on each model now, by model id (billing's
+    `ports.PRICE_QUOTE`: the price list, not the catalog's list price). Every price a page
+    or the API shows, and every quote, comes from here."""
+    models = list(models)
+    if not models:
+        return {}
+    return ports.PRICE_QUOTE.get()(gpu_models=models, preemptible=preemptible)
+
+
+def with_rates(models: Iterable[GpuModel]) -> list[GpuModel]:
+    """The models, each with `rate_per_gpu_hour`: what billing charges on it now (on demand);
+    the catalog's pages and API show this."""
+    models = list(models)
+    rates = rates_now(models)
+    for model in models:
+        model.rate_per_gpu_hour = rates[model.pk]  # type: ignore[attr-defined]
+    return models
+
+
+def _per_hour(rate: Decimal, request: PricedRequest, model: GpuModel, shards: int) -> Decimal:
+    return (rate * billed_gpus(request, model, shards=shards)).quantize(CENT, ROUND_HALF_UP)
 
 
 def quote(
-    spec: JobSpec, *, borrowed: bool = False, candidates: list[GpuModel] | None = None
+    request: PricedRequest,
+    *,
+    borrowed: bool = False,
+    candidates: list[GpuModel] | None = None,
+    shards: int = 1,
 ) -> tuple[Decimal | None, Decimal | None, Decimal | None]:
     """(rate per GPU-hour, cost per hour, cost for the runtime estimate). Without a model, the
     cheapest model it may land on sets the rate (see `quote_most` for the dearest)."""
     if candidates is None:
-        candidates = _candidate_models(spec)
-    model = min(candidates, key=lambda m: m.price_per_gpu_hour, default=None)
+        candidates = _candidate_models(request)
+    rates = rates_now(candidates, preemptible=request.preemptible or borrowed)
+    model = min(candidates, key=lambda m: (rates[m.pk], m.name), default=None)
     if model is None:
         return None, None, None
-    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    per_hour = _per_hour(rate, spec, model)
-    return rate, per_hour, _for_estimate(per_hour, spec)
+    rate = rates[model.pk]
+    per_hour = _per_hour(rate, request, model, shards)
+    return rate, per_hour, _for_estimate(per_hour, request)
 
 
 def quote_most(
-    spec: JobSpec, *, borrowed: bool = False, candidates: list[GpuModel] | None = None
+    request: PricedRequest,
+    *,
+    borrowed: bool = False,
+    candidates: list[GpuModel] | None = None,
+    shards: int = 1,
 ) -> Decimal | None:
     """Cost per hour on the dearest model a job without one may land on; None where every
     candidate costs the same (or the job names its model)."""
     if candidates is None:
-        candidates = _candidate_models(spec)
-    if len({m.price_per_gpu_hour for m in candidates}) < 2:
+        candidates = _candidate_models(request)
+    rates = rates_now(candidates, preemptible=request.preemptible or borrowed)
+    if len(set(rates.values())) < 2:
         return None
-    model = max(candidates, key=lambda m: m.price_per_gpu_hour)
-    rate = ports.PRICE_QUOTE.get()(gpu_model=model, preemptible=spec.preemptible or borrowed)
-    return _per_hour(rate, spec, model)
+    model = max(candidates, key=lambda m: (rates[m.pk], m.name))
+    return _per_hour(rates[model.pk], request, model, shards)
 
 
-def _for_estimate(per_hour: Decimal, spec: JobSpec) -> Decimal | None:
-    if not spec.runtime_estimate_s:
+def _for_estimate(per_hour: Decimal, request: PricedRequest) -> Decimal | None:
+    if not request.runtime_estimate_s:
         return None
-    return (per_hour * Decimal(spec.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
+    return (per_hour * Decimal(request.runtime_estimate_s) / 3600).quantize(CENT, ROUND_HALF_UP)
 
 
 def shares_cost_per_hour(shares: Iterable[tuple[GpuModel, int]], *, preemptible: bool) -> Decimal:
@@ -137,25 +190,9 @@ class HourlyCost:
     high: Decimal | None = None
 
 
-def _spec_of(job: Job) -> JobSpec:
-    return JobSpec(
-        name=job.name,
-        command=job.command,
-        gpus=job.gpus,
-        gpu_milli=job.gpu_milli,
-        gpu_model=job.gpu_model,
-        gpu_models=tuple(job.gpu_models),
-        min_gpu_memory_gb=job.min_gpu_memory_gb,
-        precisions=tuple(job.precisions),
-        nodes=job.nodes,
-        gpus_per_node=job.gpus_per_node,
-        preemptible=job.preemptible,
-    )
-
-
 def job_hourly_cost(job: Job) -> HourlyCost | None:
     """What the job costs per hour while it runs, at today's rates: from the GPUs it holds
-    when placed, else from what it asks for."""
+    when placed, else from what it asks for (the row itself: one shard)."""
     preemptible = job.preemptible or job.borrowed
     held = [
         (a.gpu_model, a.billed_share())
@@ -165,12 +202,11 @@ def job_hourly_cost(job: Job) -> HourlyCost | None:
         return HourlyCost(shares_cost_per_hour(held, preemptible=preemptible))
     if job.is_terminal:
         return None
-    spec = _spec_of(job)
-    candidates = _candidate_models(spec)
-    low = quote(spec, borrowed=job.borrowed, candidates=candidates)[1]
+    candidates = _candidate_models(job)
+    low = quote(job, borrowed=job.borrowed, candidates=candidates)[1]
     if low is None:
         return None
-    return HourlyCost(low, quote_most(spec, borrowed=job.borrowed, candidates=candidates))
+    return HourlyCost(low, quote_most(job, borrowed=job.borrowed, candidates=candidates))
 
 
 def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
@@ -219,8 +255,12 @@ def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
         most = None
     else:
         candidates = _candidate_models(spec)
-        rate, per_hour, total = quote(spec, borrowed=verdict.borrowed, candidates=candidates)
-        most = quote_most(spec, borrowed=verdict.borrowed, candidates=candidates)
+        rate, per_hour, total = quote(
+            spec, borrowed=verdict.borrowed, candidates=candidates, shards=spec.shard_count
+        )
+        most = quote_most(
+            spec, borrowed=verdict.borrowed, candidates=candidates, shards=spec.shard_count
+        )
     return DryRun(
         admitted=verdict.admit,
         borrowed=verdict.borrowed,
@@ -247,7 +287,7 @@ def _placed_quote(
     is gone since the plan's snapshot."""
     gpus = Gpu.objects.select_related("model").in_bulk([s.gpu_id for s in placement.shares])
     if not placement.shares or any(s.gpu_id not in gpus for s in placement.shares):
-        return quote(spec, borrowed=borrowed)
+        return quote(spec, borrowed=borrowed, shards=spec.shard_count)
     shares = [
         (
             gpus[s.gpu_id].model,
@@ -261,11 +301,10 @@ def _placed_quote(
         shares * spec.shard_count, preemptible=spec.preemptible or borrowed
     )
     models = {model for model, _ in shares}  # one model: its rate per GPU-hour, too
-    rate = (
-        ports.PRICE_QUOTE.get()(gpu_model=models.pop(), preemptible=spec.preemptible or borrowed)
-        if len(models) == 1
-        else None
-    )
+    rate = None
+    if len(models) == 1:
+        model = models.pop()
+        rate = rates_now([model], preemptible=spec.preemptible or borrowed)[model.pk]
     return rate, per_hour, _for_estimate(per_hour, spec)
 
 
@@ -276,6 +315,7 @@ class ModelAvailability:
     free_gpus: int
     queued_gpus: int
     estimated_wait: str
+    rate_per_gpu_hour: Decimal | None = None  # what billing charges on demand now
 
 
 AVAILABILITY_KEY = "scheduler:model-availability"
@@ -297,8 +337,15 @@ def model_availability() -> list[ModelAvailability]:
             AVAILABILITY_REFRESHING, 1, timeout=30
         ):
             enqueue("scheduler.model_availability_refresh")
-        return _from_rows(cached["rows"])
-    return model_availability_refresh()
+        return _priced(_from_rows(cached["rows"]))
+    return _priced(model_availability_refresh())
+
+
+def _priced(rows: list[ModelAvailability]) -> list[ModelAvailability]:
+    """Each row with what billing charges on its model now (read at each page, never cached:
+    a price published a second ago shows)."""
+    rates = rates_now([a.model for a in rows])
+    return [replace(a, rate_per_gpu_hour=rates[a.model.pk]) for a in rows]
 
 
 def _from_rows(rows: list[dict[str, object]]) -> list[ModelAvailability]:

@@ -15,6 +15,7 @@ from scheduler.core.model import (
     gpu_capacity_milli,
     gpu_demand_milli,
     gpus_requested,
+    memory_gb_as_mib,
     runs_gang_members,
 )
 from scheduler.core.plan import QUEUE_POLICIES
@@ -61,7 +62,7 @@ class GpuModel(models.Model):
 
     @property
     def memory_mib(self) -> int:
-        return self.memory_gb * 1000 * 1000 * 1000 // (1024 * 1024)
+        return memory_gb_as_mib(self.memory_gb)
 
     @property
     def supports_mig(self) -> bool:
@@ -290,12 +291,16 @@ class JobState(models.TextChoices):
     LOST = "lost", "Lost"
 
 
+# The states that hold GPUs: a job's allocations are active exactly while it is in one
+# (entering one places it, leaving one ends them); its nodes' agents run or stop it then.
 ACTIVE_STATES = (
     JobState.SCHEDULED,
     JobState.STARTING,
     JobState.RUNNING,
     JobState.PREEMPTING,
 )
+# Holding GPUs and not already stopping: what a preemption, a drain or a budget cap stops.
+STOPPABLE_STATES = tuple(s for s in ACTIVE_STATES if s != JobState.PREEMPTING)
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
 
 

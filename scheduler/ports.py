@@ -31,9 +31,12 @@ class BudgetGate(Protocol):
 
 
 class PriceQuote(Protocol):
-    """The rate per GPU-hour a job on this model would pay now."""
+    """The rate per GPU-hour a job on each of these models (by id) is charged now, from the
+    price list billing charges (pages and the API show these, never the catalog's price)."""
 
-    def __call__(self, *, gpu_model: GpuModel, preemptible: bool) -> Decimal: ...
+    def __call__(
+        self, *, gpu_models: Iterable[GpuModel], preemptible: bool
+    ) -> dict[int, Decimal]: ...
 
 
 class SharesCost(Protocol):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from django.core.cache import cache
 from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
@@ -18,7 +18,13 @@ from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.params import whole_number
 from portal.selectors import project_get_visible, project_list_visible_to
-from scheduler.core.model import MILLI, device_share_milli, gpu_capacity_milli
+from scheduler.core.model import (
+    MILLI,
+    device_share_milli,
+    gpu_capacity_milli,
+    memory_gb_as_mib,
+    model_may_take,
+)
 from scheduler.core.periods import month_start
 from scheduler.models import PRECISIONS, Allocation, GpuModel, Job, JobState, LogChunk, Node
 
@@ -65,17 +71,67 @@ def gpu_model_active(name: str) -> GpuModel | None:
     return instance_from_row(GpuModel, rows[0])
 
 
-def gpu_models_meeting(*, min_memory_gb: int = 0, precisions: Iterable[str] = ()) -> list[GpuModel]:
-    """Active catalog models with at least this much memory and every one of these precisions.
+class ModelAsk(Protocol):
+    """What a job request says of the GPU models it may land on (a `JobSpec` or a `Job`)."""
 
-    Precisions are checked in Python: JSON containment is not portable to SQLite, and the
-    catalog is a handful of rows."""
-    wanted = set(precisions)
+    @property
+    def gpu_model(self) -> GpuModel | None: ...
+    @property
+    def gpu_models(self) -> Sequence[str]: ...
+    @property
+    def min_gpu_memory_gb(self) -> int: ...
+    @property
+    def precisions(self) -> Sequence[str]: ...
+
+
+def _may_take(
+    models: Iterable[GpuModel],
+    *,
+    named: Collection[str],
+    min_memory_gb: int,
+    precisions: Iterable[str],
+) -> list[GpuModel]:
+    wanted, floor = tuple(precisions), memory_gb_as_mib(min_memory_gb)
     return [
         m
-        for m in GpuModel.objects.filter(is_active=True, memory_gb__gte=min_memory_gb)
-        if wanted <= set(m.precisions)
+        for m in models
+        if model_may_take(
+            named=named,
+            min_memory_mib=floor,
+            precisions=wanted,
+            model=m.name,
+            memory_mib=m.memory_mib,
+            model_precisions=m.precisions,
+        )
     ]
+
+
+def gpu_models_job_may_use(ask: ModelAsk) -> list[GpuModel]:
+    """The catalog models a job may land on (`model_may_take`, the planner's own rule): its
+    model if that meets its memory and precisions, else the active models it names (any when
+    none) that do. The quotes, admission and billing's hard-cap check ask this."""
+    if ask.gpu_model is not None:
+        models: Iterable[GpuModel] = [ask.gpu_model]
+    else:
+        models = GpuModel.objects.filter(is_active=True)
+    return _may_take(
+        models,
+        named=tuple(ask.gpu_models) if ask.gpu_model is None else (),
+        min_memory_gb=ask.min_gpu_memory_gb,
+        precisions=ask.precisions,
+    )
+
+
+def gpu_models_meeting(*, min_memory_gb: int = 0, precisions: Iterable[str] = ()) -> list[GpuModel]:
+    """Active catalog models with at least this much memory and every one of these precisions
+    (`model_may_take`; precisions are checked in Python: JSON containment is not portable to
+    SQLite, and the catalog is a handful of rows)."""
+    return _may_take(
+        GpuModel.objects.filter(is_active=True),
+        named=(),
+        min_memory_gb=min_memory_gb,
+        precisions=precisions,
+    )
 
 
 def gpu_model_list(*, filters: CatalogFilter | None = None) -> QuerySet[GpuModel]:

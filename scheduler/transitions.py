@@ -26,7 +26,7 @@ from portal.models import User
 from scheduler import ports
 from scheduler.dispatch import assignments_changed, changes_assignments
 from scheduler.gangs import members_end
-from scheduler.models import Allocation, Job, JobEvent
+from scheduler.models import ACTIVE_STATES, Allocation, Job, JobEvent
 from scheduler.models import JobState as S
 from scheduler.notices import job_notices_after_commit, notice_kind
 
@@ -53,7 +53,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 KEEPS_ITS_PLACE = frozenset({S.PREEMPTING, S.LOST})
 
 # Leaving a state that holds GPUs for one that does not ends the job's allocations.
-HOLDS_GPUS = frozenset({S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTING})
+HOLDS_GPUS = frozenset(ACTIVE_STATES)
 END_REASON_FOR: dict[str, str] = {
     S.SUCCEEDED: Allocation.EndReason.COMPLETED,
     S.FAILED: Allocation.EndReason.FAILED,

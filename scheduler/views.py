@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from portal.approvals import ask_from_post, decide_from_post
 from portal.errors import DomainError
 from portal.errors import NotFound as DomainNotFound
 from portal.forms import errors_in_words
@@ -21,7 +22,7 @@ from scheduler import backends, job_templates, quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
 from scheduler.dependencies import array_retry_failed, array_view, is_array_root
 from scheduler.elastic import job_resize_request
-from scheduler.estimates import job_dry_run, model_availability
+from scheduler.estimates import job_dry_run, model_availability, with_rates
 from scheduler.forms import (
     DecisionForm,
     JobForm,
@@ -48,7 +49,7 @@ def catalog(request: HttpRequest) -> HttpResponse:
     except DomainError as exc:
         error, filters = exc.message, CatalogFilter()
     context = {
-        "gpu_models": gpu_model_list(filters=filters),
+        "gpu_models": with_rates(gpu_model_list(filters=filters)),
         "filters": filters,
         "precisions": PRECISIONS,
         "memory_choices": [16, 24, 40, 48, 80, 141],
@@ -374,19 +375,13 @@ def job_resize_view(request: HttpRequest, job_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def quota_request_new(request: HttpRequest, slug: str) -> HttpResponse:
-    project = project_get_visible(user=_user(request), slug=slug)
-    form = QuotaRequestForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, f"The request was not sent: {errors_in_words(form)}")
-        return redirect("project-requests", slug=project.slug)
-    try:
-        quota_requests.quota_request_create(
-            actor=_user(request), project=project, **form.cleaned_data
-        )
-        messages.success(request, "Quota request sent to the operators.")
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    return redirect("project-requests", slug=project.slug)
+    return ask_from_post(
+        request,
+        project=project_get_visible(user=_user(request), slug=slug),
+        form=QuotaRequestForm(request.POST),
+        create=quota_requests.quota_request_create,
+        sent="Quota request sent to the operators.",
+    )
 
 
 @login_required
@@ -412,21 +407,11 @@ def project_limits(request: HttpRequest, slug: str) -> HttpResponse:
 @staff_required
 @require_POST
 def quota_request_decide(request: HttpRequest, request_id: int) -> HttpResponse:
-    form = DecisionForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Choose approve or decline.")
-        return redirect("request-queue")
-    try:
-        if form.cleaned_data["decision"] == "approve":
-            quota_requests.quota_request_approve(
-                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
-            )
-            messages.success(request, "Approved: the quota changed.")
-        else:
-            quota_requests.quota_request_decline(
-                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
-            )
-            messages.success(request, "Declined.")
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    return redirect("request-queue")
+    return decide_from_post(
+        request,
+        request_id=request_id,
+        form=DecisionForm(request.POST),
+        approve=quota_requests.quota_request_approve,
+        decline=quota_requests.quota_request_decline,
+        approved="Approved: the quota changed.",
+    )

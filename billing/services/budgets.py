@@ -287,12 +287,12 @@ def _cap_notice(budget: Budget, *, spent: Decimal, burn: Decimal, now: datetime)
 def _cap_stop(budget: Budget, *, spent: Decimal, everything: bool, now: datetime) -> list[int]:
     """Preempt the project's running work at its cap (non-preemptible; all past the
     allowance). Each job in its own transaction: one that ended meanwhile is skipped."""
-    from scheduler.models import Job, JobState
+    from scheduler.models import STOPPABLE_STATES, Job, JobState
     from scheduler.transitions import job_transition
 
     running = Job.objects.filter(
         project_id=budget.project_id,
-        state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
+        state__in=STOPPABLE_STATES,
     )
     if not everything:
         running = running.filter(preemptible=False, borrowed=False)
@@ -307,9 +307,7 @@ def _cap_stop(budget: Budget, *, spent: Decimal, everything: bool, now: datetime
         with transaction.atomic():
             job = (
                 Job.objects.select_for_update()
-                .filter(
-                    pk=job_id, state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING]
-                )
+                .filter(pk=job_id, state__in=STOPPABLE_STATES)
                 .first()
             )
             if job is None:

@@ -1,13 +1,35 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from portal.api.serializers import ProjectSerializer
 from portal.models import Project
+from scheduler.estimates import rates_now
 from scheduler.models import GpuModel, Quota, QuotaModelLimit
 
 
+class ChargedRateField(serializers.DecimalField):
+    """A model's price per GPU-hour as billing charges it now (the price list, on demand),
+    not the catalog's list price. The list view reads every rate at once (`rates` in the
+    serializer's context)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_digits=8, decimal_places=4, read_only=True, source="*", **kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        rates = self.context.get("rates") or {}
+        rate = rates.get(value.pk)
+        if rate is None:
+            rate = rates_now([value])[value.pk]
+        return super().to_representation(rate)
+
+
 class GpuModelSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    price_per_gpu_hour = ChargedRateField(
+        help_text="USD per GPU-hour on demand, as billing charges it now (the price list)."
+    )
     fleet_gpus = serializers.IntegerField(read_only=True, help_text="Healthy GPUs on ready nodes.")
 
     class Meta:

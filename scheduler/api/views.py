@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
@@ -9,6 +11,7 @@ from rest_framework import viewsets
 
 from portal.api.schema import PortalAutoSchema
 from scheduler.api.serializers import GpuModelSerializer
+from scheduler.estimates import rates_now
 from scheduler.models import PRECISIONS, GpuModel
 from scheduler.selectors import CatalogFilter, gpu_model_list
 
@@ -37,3 +40,7 @@ class GpuModelViewSet(viewsets.ReadOnlyModelViewSet):  # type: ignore[type-arg]
             CatalogFilter.parse(self.request.query_params.dict()) if self.action == "list" else None
         )
         return gpu_model_list(filters=filters)
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        """Every model's charged rate in one read of the price list."""
+        return {**super().get_serializer_context(), "rates": rates_now(GpuModel.objects.all())}

@@ -7,7 +7,7 @@ value as read-only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -67,6 +67,32 @@ def planned_runtime_s(estimate_s: int | None, time_limit_s: int | None) -> int |
     if estimate_s is None:
         return time_limit_s
     return min(estimate_s, time_limit_s)
+
+
+def memory_gb_as_mib(gb: int) -> int:
+    """Marketed GB (10⁹ bytes) in MiB, rounded down: how the catalog's and a request's GB
+    compare with the MiB devices report."""
+    return gb * 1000 * 1000 * 1000 // (1024 * 1024)
+
+
+def model_may_take(
+    *,
+    named: Collection[str],
+    min_memory_mib: int,
+    precisions: Collection[str],
+    model: str,
+    memory_mib: int,
+    model_precisions: Collection[str],
+) -> bool:
+    """Whether a job may land on GPUs of `model`: one of the models it names (any when it
+    names none), with at least the memory it asks for and every precision it asks for. The
+    planner's model mask, the catalog's candidates (admission, quotes, the hard-cap check)
+    all ask this one question."""
+    if named and model not in named:
+        return False
+    if memory_mib < min_memory_mib:
+        return False
+    return all(p in model_precisions for p in precisions)
 
 
 def gpu_capacity_milli(sharing: str, oversubscription: int) -> int:

@@ -26,6 +26,7 @@ from scheduler.core.model import (
     RunningWork,
     Snapshot,
     TaskShape,
+    device_share_milli,
 )
 from scheduler.core.planning.caches import EpochSet
 from scheduler.core.planning.context import Event, PlanningContext, Take, Usage
@@ -74,8 +75,12 @@ def order_queue(
     now: float,
     quotas: Mapping[str, ProjectQuota],
     running: Sequence[RunningWork] = (),
+    capacity_of: Mapping[int, int] | None = None,
 ) -> list[JobRequest]:
-    """Queue order under the configured policy (ties: submission time, then job id)."""
+    """Queue order under the configured policy (ties: submission time, then job id).
+
+    `capacity_of`: each GPU's capacity by id (fair share counts a running share as the part
+    of its device it holds, `device_share_milli`; a GPU not in it counts as exclusive)."""
     if config.queue == "fcfs":
         return sorted(queue, key=lambda j: (j.submitted_at, j.job_id))
     if config.queue == "sjf":
@@ -96,8 +101,11 @@ def order_queue(
     if config.queue == "fairshare":
         # share = (decayed GPU-hours + GPUs running now × 1 h + earlier queued demand) / weight
         running_gpus: dict[str, float] = defaultdict(float)
+        capacity = capacity_of or {}
         for w in running:
-            running_gpus[w.project] += w.gpu_milli_total / MILLI
+            for s in w.shares:
+                held = device_share_milli(s.milli, capacity.get(s.gpu_id, MILLI))
+                running_gpus[w.project] += held / MILLI
         acc: dict[str, float] = {}
         keyed = []
         for j in sorted(queue, key=lambda j: (-j.priority, j.submitted_at, j.job_id)):
@@ -436,6 +444,7 @@ def plan(
         raise ValueError(f"unknown queue policy {config.queue!r}")
     usage = Usage()
     model_of = {g.gpu_id: g.model for n in snapshot.nodes for g in n.gpus}
+    capacity_of = {g.gpu_id: g.capacity_milli for n in snapshot.nodes for g in n.gpus}
     for w in snapshot.running:
         if w.borrowed:
             continue
@@ -466,7 +475,7 @@ def plan(
         node_ids = {n.node_id for n in snap.nodes}
         running = [w for w in snapshot.running if any(s.node_id in node_ids for s in w.shares)]
         planner = _Planner(snap, cfg, now, usage, running)
-        planner.run(order_queue(jobs, cfg, now, snapshot.quotas, running))
+        planner.run(order_queue(jobs, cfg, now, snapshot.quotas, running, capacity_of))
         placements += planner.placements
         preemptions += planner.preemptions
         reservations += planner.reservations

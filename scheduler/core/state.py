@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.core.model import FRACTIONAL_SHARING, MILLI, Snapshot
+from scheduler.core.model import FRACTIONAL_SHARING, MILLI, Snapshot, model_may_take
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -257,17 +257,15 @@ class ClusterState:
     ) -> BoolArray:
         out = np.zeros(len(self.models), dtype=np.bool_)
         for i, m in enumerate(self.models):
-            if models and m not in models:
-                continue
-            if precisions and not precisions <= model_precisions.get(m, frozenset()):
-                continue
-            if (
-                min_memory_mib
-                and model_memory is not None
-                and model_memory.get(m, 0) < min_memory_mib
-            ):
-                continue
-            out[i] = True
+            out[i] = model_may_take(
+                named=models,
+                # without the models' memory, memory is not asked about
+                min_memory_mib=min_memory_mib if model_memory is not None else 0,
+                precisions=precisions,
+                model=m,
+                memory_mib=model_memory.get(m, 0) if model_memory is not None else 0,
+                model_precisions=model_precisions.get(m, frozenset()),
+            )
         return out
 
     def model_memory(self) -> dict[str, int]:

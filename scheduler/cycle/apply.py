@@ -22,7 +22,7 @@ from scheduler.core.plan import Plan
 from scheduler.core.planning.decisions import Placement, Resize
 from scheduler.core.reasons import PendingReason
 from scheduler.cycle.state import CycleInput, from_ts
-from scheduler.models import Allocation, Gpu, Job, JobState, Node
+from scheduler.models import STOPPABLE_STATES, Allocation, Gpu, Job, JobState, Node
 from scheduler.transitions import job_transition, jobs_changed, jobs_transition_bulk
 
 
@@ -285,7 +285,7 @@ def _write_preemptions(decided: Plan, *, now: datetime, result: CycleResult) -> 
             Job.objects.select_for_update()
             .filter(
                 pk=preemption.job_id,
-                state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING],
+                state__in=STOPPABLE_STATES,
             )
             .first()
         )

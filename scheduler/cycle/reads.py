@@ -57,6 +57,9 @@ class ActiveAllocationRow(NamedTuple):
     elastic_max: int | None
     job_cpu_milli: int
     job_memory_mib: int
+    # the GPU's sharing, for the part of it the share holds (`device_share_milli`)
+    gpu_sharing_mode: str
+    gpu_oversubscription: int
 
 
 ACTIVE_ALLOCATIONS = CompiledQuery(
@@ -80,6 +83,8 @@ ACTIVE_ALLOCATIONS = CompiledQuery(
         "job__elastic_max",
         "job__cpu_milli",
         "job__memory_mib",
+        "gpu__sharing_mode",
+        "gpu__oversubscription",
     ),
     row=ActiveAllocationRow,
 )
@@ -291,13 +296,20 @@ class EndedAllocationRow(NamedTuple):
     share_milli: int
     started_s: float
     ended_s: float
+    gpu_sharing_mode: str
+    gpu_oversubscription: int
 
 
 ENDED_ALLOCATIONS = CompiledQuery(
     lambda project_ids, since: Allocation.objects.filter(
         AnyOf(F("job__project_id"), project_ids), ended_at__gte=since
     ).values_list(
-        "job__project_id", "share_milli", EpochSeconds("started_at"), EpochSeconds("ended_at")
+        "job__project_id",
+        "share_milli",
+        EpochSeconds("started_at"),
+        EpochSeconds("ended_at"),
+        "gpu__sharing_mode",
+        "gpu__oversubscription",
     ),
     row=EndedAllocationRow,
 )

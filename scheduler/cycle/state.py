@@ -18,6 +18,7 @@ from typing import Any
 import scheduler.cycle.reads as reads
 from scheduler import elastic, ports
 from scheduler.core.model import (
+    MILLI,
     GpuView,
     JobRequest,
     NodeView,
@@ -25,7 +26,9 @@ from scheduler.core.model import (
     RunningWork,
     Share,
     Snapshot,
+    device_share_milli,
     gpu_capacity_milli,
+    memory_gb_as_mib,
     planned_runtime_s,
 )
 from scheduler.models import (
@@ -125,7 +128,7 @@ def job_request_from_row(
         nodes=row.nodes,
         gpus_per_node=row.gpus_per_node,
         models=frozenset({row.gpu_model}) if row.gpu_model else any_of,
-        min_gpu_memory_mib=row.min_gpu_memory_gb * 1000 * 1000 * 1000 // (1024 * 1024),
+        min_gpu_memory_mib=memory_gb_as_mib(row.min_gpu_memory_gb),
         precisions=precisions,
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,
@@ -142,21 +145,31 @@ def job_request_from_row(
 def _decayed_usage(
     project_ids: set[int], now: datetime, active: list[reads.ActiveAllocationRow]
 ) -> dict[int, float]:
-    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours.
+    """GPU-hours per project over the last week, halved every FAIR_SHARE_HALF_LIFE_H hours; a
+    share counts as the part of its device it holds (`device_share_milli`), as quotas count
+    GPU-hours and billing bills them.
 
     `active` holds the active allocations, already read by the snapshot; only the allocations that ended within the week are read here.
     """
     usage: dict[int, float] = defaultdict(float)
     since = now - timedelta(days=7)
     now_s, since_s = ts(now), ts(since)
-    rows: list[tuple[int, int, float, float]] = [
-        (a.project_id, a.share_milli, a.started_s, now_s)
+    rows: list[tuple[int, int, float, float, str, int]] = [
+        (
+            a.project_id,
+            a.share_milli,
+            a.started_s,
+            now_s,
+            a.gpu_sharing_mode,
+            a.gpu_oversubscription,
+        )
         for a in active
         if a.project_id in project_ids
     ]
     rows += reads.ENDED_ALLOCATIONS.rows(project_ids=list(project_ids), since=since)
-    for project_id, share, started, end in rows:
-        hours = max(0.0, end - max(started, since_s)) / 3600 * share / 1000
+    for project_id, share, started, end, sharing, factor in rows:
+        held = device_share_milli(share, gpu_capacity_milli(sharing, factor))
+        hours = max(0.0, end - max(started, since_s)) / 3600 * held / MILLI
         age_h = (now_s - end) / 3600
         usage[project_id] += hours * math.pow(0.5, age_h / FAIR_SHARE_HALF_LIFE_H)
     return usage

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from agent.protocol import Assignment as AssignmentMessage
 from portal.db import CompiledQuery
 from scheduler.gangs import rendezvous_env, single_node_env
-from scheduler.models import Allocation, JobState, Node
+from scheduler.models import ACTIVE_STATES, Allocation, JobState, Node
 
 
 class AssignedRow(NamedTuple):
@@ -50,12 +50,7 @@ _ASSIGNED = CompiledQuery(
         Allocation.objects.filter(
             node_id=node_id,
             ended_at__isnull=True,
-            job__state__in=[
-                JobState.SCHEDULED,
-                JobState.STARTING,
-                JobState.RUNNING,
-                JobState.PREEMPTING,
-            ],
+            job__state__in=ACTIVE_STATES,
         )
         .order_by("job_id", "gpu__index")
         .values_list(

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from portal.errors import Conflict, DomainError
 from portal.models import User
-from scheduler.models import Gpu, JobState, Node
+from scheduler.models import STOPPABLE_STATES, Gpu, JobState, Node
 from scheduler.nodes.faults import gpu_fault_corroborate, jobs_holding
 from scheduler.nodes.inventory import node_inventory_approve
 from scheduler.nodes.states import node_transition
@@ -63,9 +63,7 @@ def node_set_state(*, actor: User, node: Node, action: str, remote_addr: str | N
         remote_addr=remote_addr,
     )
     if action == "drain":
-        for job in jobs_holding(node=node).filter(
-            state__in=[JobState.SCHEDULED, JobState.STARTING, JobState.RUNNING]
-        ):
+        for job in jobs_holding(node=node).filter(state__in=STOPPABLE_STATES):
             job.preempt_deadline = timezone.now() + timedelta(seconds=job.grace_seconds)
             job_transition(
                 job=job,

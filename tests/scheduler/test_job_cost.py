@@ -160,3 +160,35 @@ def test_a_gpu_gone_since_the_plan_falls_back_to_the_plain_quote(lab):
     spec = JobSpec(name="x", command="true", gpus=1, gpu_model=lab["l4"])
     gone = Placement(job_id=-1, shares=(Share(node_id=1, gpu_id=10**9, milli=1000),))
     assert _placed_quote(gone, spec, borrowed=False) == quote(spec)
+
+
+def test_a_waiting_fraction_is_quoted_as_the_dry_run_quotes_it_and_billing_bills_it(
+    lab, api, client
+):
+    """A fraction asking for half a device's memory bills its memory part (half a GPU), not
+    its compute share: the job page and the API say so while it waits, as the dry run did."""
+    member = lab["member"]
+    fields = {"gpu_milli": 200, "gpu_memory_mib": lab["l4"].memory_mib // 2, "gpu_model": "L4"}
+    fillers = [submit(api, member, gpus=4, gpu_model="L4") for _ in range(2)]  # every L4 slot
+    run_cycle()
+    dry = dry_run(api, member, **fields)
+    assert not dry["would_start_now"]
+    half = cents(price("L4") / 2)
+    assert Decimal(dry["cost_per_hour"]) == half
+    waiting = submit(api, member, **fields)
+    run_cycle()
+    assert waiting.allocations.count() == 0
+    cost = job_hourly_cost(waiting)
+    assert (cost.low, cost.high) == (half, None)
+    detail = api(member).get(f"/api/v1/jobs/{waiting.pk}").json()
+    assert detail["cost"] == {"cost_per_hour": f"{half}", "cost_per_hour_most": None}
+    client.force_login(member)
+    assert f"${half} per hour while it runs" in client.get(f"/jobs/{waiting.pk}/").content.decode()
+    # once it runs, billing charges what it was quoted
+    from scheduler.admission import job_cancel
+
+    for job in fillers:
+        job_cancel(actor=member, job=job)
+    run_cycle()
+    assert waiting.allocations.count() == 1
+    assert billed_for_its_first_hour(waiting) == half

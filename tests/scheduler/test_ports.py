@@ -22,7 +22,7 @@ from scheduler.tasks import scheduling_cycle
 
 
 def test_each_port_holds_the_implementation_its_app_registers():
-    assert ports.PRICE_QUOTE.get() is billing_selectors.quote_rate
+    assert ports.PRICE_QUOTE.get() is billing_selectors.rates_now
     assert ports.SHARES_COST.get() is billing_selectors.shares_cost_per_hour
     assert ports.JOB_COST.get() is billing_selectors.job_cost
     assert ports.BUDGET_GATE.get() is billing_admission.projects_over_budget
@@ -62,12 +62,12 @@ def test_the_price_ports_answer_the_dry_run(fleet):
     from scheduler.admission import JobSpec
 
     l4 = GpuModel.objects.get(name="L4")
-    rate, shares = Spy(Decimal("7")), Spy(Decimal("3.333"))
+    rate, shares = Spy({l4.pk: Decimal("7")}), Spy(Decimal("3.333"))
     with ports.PRICE_QUOTE.override(rate), ports.SHARES_COST.override(shares):
         spec = JobSpec(name="x", command="true", gpus=2, gpu_model=l4)
         assert quote(spec)[:2] == (Decimal("7"), Decimal("14.00"))
         assert shares_cost_per_hour([(l4, 250)], preemptible=True) == Decimal("3.33")
-    assert rate.calls == [{"gpu_model": l4, "preemptible": False}]
+    assert rate.calls == [{"gpu_models": [l4], "preemptible": False}]
     assert shares.calls == [{"shares": [(l4, 250)], "preemptible": True}]
 
 

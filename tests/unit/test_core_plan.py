@@ -446,3 +446,24 @@ def test_a_job_pinned_to_a_node_that_is_gone_says_so() -> None:
     p = plan(snapshot([node(2, 8)]), [job(1, node="n1", node_why=WHY)], GREEDY, NOW)
     assert p.pending[1].reason is PendingReason.NODE_CONSTRAINTS
     assert "must run on node n1" in p.pending[1].message and WHY in p.pending[1].message
+
+
+def test_fair_share_counts_a_time_sliced_share_as_the_part_of_its_device_it_holds() -> None:
+    """Project a fills a time-sliced ×2 GPU with two 1000m shares: one GPU, as quotas count
+    GPU-hours and billing bills it (not two). Project b holds two exclusive GPUs: more. So
+    a's job goes first to the one free GPU, though b's was queued earlier."""
+    nodes = [
+        node(1, gpus=1, capacity=2000, sharing="time_slice"),
+        node(2, gpus=3, capacity=1000, sharing="exclusive"),
+    ]
+    work = [
+        running(1, [100], project="a"),
+        running(2, [100], project="a"),
+        running(3, [200], project="b"),
+        running(4, [201], project="b"),
+    ]
+    queue = [job(11, project="b", submitted_at=1.0), job(12, project="a", submitted_at=2.0)]
+    cfg = dataclasses.replace(GREEDY, queue="fairshare")
+    decided = plan(snapshot(nodes, work), queue, cfg, NOW)
+    assert [p.job_id for p in decided.placements] == [12]
+    assert gpus_of(decided, 12)[0].gpu_id == 202

@@ -21,7 +21,16 @@ from portal.db import bulk_update_rows
 from scheduler.backends.slurm.client import SlurmError, cluster_for
 from scheduler.backends.slurm.models import SlurmJob
 from scheduler.backends.slurm.nodes import hostlist, mirror_name, parse_indexes, sync_nodes
-from scheduler.models import Allocation, Gpu, Job, JobEvent, JobState, Pool
+from scheduler.models import (
+    ACTIVE_STATES,
+    STOPPABLE_STATES,
+    Allocation,
+    Gpu,
+    Job,
+    JobEvent,
+    JobState,
+    Pool,
+)
 from scheduler.transitions import TRANSITIONS, jobs_transition_bulk
 
 S = JobState
@@ -337,7 +346,7 @@ def _plan(job: Job, link: SlurmJob, record: dict[str, Any], now: datetime) -> _C
     requeued = restarts > link.restarts
     link.restarts = max(link.restarts, restarts)
     steps = path(job.state, t.state)
-    if requeued and job.state in (S.SCHEDULED, S.STARTING, S.RUNNING):
+    if requeued and job.state in STOPPABLE_STATES:
         # Slurm requeued it (preempted) since the last pass: the old run ends here, even when
         # the new one already runs
         steps = path(job.state, S.QUEUED) + path(S.QUEUED, t.state)
@@ -444,12 +453,7 @@ def _apply_chunk(pool: Pool, pairs: list[tuple[SlurmJob, dict[str, Any]]]) -> in
 def _slurm_end_times(changes: list[_Change]) -> None:
     """Slurm's end time on the allocations of the runs that ended, not the moment this pass
     noticed (metering reads the same from sacct)."""
-    ended = {
-        c.job.pk: c
-        for c in changes
-        if c.end is not None
-        and c.job.state not in (S.SCHEDULED, S.STARTING, S.RUNNING, S.PREEMPTING)
-    }
+    ended = {c.job.pk: c for c in changes if c.end is not None and c.job.state not in ACTIVE_STATES}
     if not ended:
         return
     rows = [
