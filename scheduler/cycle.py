@@ -214,7 +214,7 @@ def build_state(
     ended allocations; only the fair-share queue policy reads it (`orders_by_fair_share`).
     """
     # Active allocations with their job's columns in one read (consistent, no id list).
-    active = reads.ACTIVE_ALLOCATIONS.rows()
+    active = reads.active_allocations()
     now_s = ts(now)
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
@@ -298,7 +298,7 @@ def build_state(
 
     gpus_of: dict[int, list[GpuView]] = defaultdict(list)
     reused_gpus, kept_gpus = _REUSE.gpus, {}
-    for g in reads.GPUS.rows():
+    for g in reads.gpus():
         gpu_key = (g, used_milli[g.pk], used_mem[g.pk])
         known_gpu = reused_gpus.get(g.pk)
         if known_gpu is not None and known_gpu[0] == gpu_key:
@@ -333,10 +333,10 @@ def build_state(
             and n.last_heartbeat_at is not None,
             unavailable=node_unavailable(n.state, n.fenced, n.last_heartbeat_at is not None),
         )
-        for n in reads.NODES.rows()
+        for n in reads.nodes()
     ]
 
-    queued = reads.QUEUED_JOBS.rows()
+    queued = reads.queued_jobs()
     recent = now - timedelta(seconds=PREEMPTION_MEMORY_S)
     preempted_by: dict[int, set[int]] = defaultdict(set)
     for job_id, data in reads.RECENT_PREEMPTIONS.rows(since=recent):
@@ -545,7 +545,7 @@ def _apply_plan_locked(
 
     placing = {
         row.pk: row
-        for row in reads.LOCK_QUEUED_JOBS.rows(job_ids=[p.job_id for p in decided.placements])
+        for row in reads.lock_queued_jobs(job_ids=[p.job_id for p in decided.placements])
     }
     # A shrink frees its GPUs only once the shrunk job has stopped: a placement on them waits
     # (with that reason) rather than being dropped and planned again unchanged next cycle.

@@ -1,12 +1,15 @@
-"""Fast path: the scheduling cycle's reads, compiled to SQL once, as named rows.
+"""The scheduling cycle's reads, as named rows.
 
-Justified by `bench.cycle_scale` (docs/benchmarks.md, "Scheduling cycle at scale": 10,000
-queued jobs on 1,000 nodes in under 2 s). The cycle runs back to back while jobs arrive, and
-building and compiling these querysets cost more CPU than PostgreSQL spends answering them;
-tens of thousands of plain rows are also far cheaper than as many model instances. Every read
-is an ordinary `values_list` queryset (`portal.db.CompiledQuery`; on SQLite it simply runs as
-one), and every row is a `NamedTuple` whose fields are the selected columns in order, so a
-new column is added in two lines next to each other. Everything else in the cycle uses the ORM.
+Every read is an ordinary `values_list` queryset and every row a `NamedTuple` whose fields are
+the selected columns in order, so a new column is added in two lines next to each other; tens
+of thousands of plain rows are far cheaper than as many model instances. The big reads (the
+snapshot's nodes, GPUs, allocations and queued jobs, the queued-kinds probe, the placed jobs'
+lock) run as the ORM runs them: compiling them once gained nothing measurable on their
+path (docs/benchmarks.md, "Fast paths: kept or removed (issue 26)").
+
+Fast path: the small reads the cycle repeats are compiled once (`portal.db.CompiledQuery`),
+justified by `bench.fast_paths` (each 1.9x to 4.6x the ORM's way at 10,000 jobs on 1,000
+nodes) and `bench.cycle_scale`. Everything else in the cycle uses the ORM.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ class ActiveAllocationRow(NamedTuple):
     job_memory_mib: int
 
 
-ACTIVE_ALLOCATIONS = CompiledQuery(
-    lambda: Allocation.objects.filter(ended_at__isnull=True).values_list(
+def active_allocations() -> list[ActiveAllocationRow]:
+    """Active allocations with their job's columns, in one read."""
+    rows = Allocation.objects.filter(ended_at__isnull=True).values_list(
         "job_id",
         "node_id",
         "gpu_id",
@@ -80,9 +84,8 @@ ACTIVE_ALLOCATIONS = CompiledQuery(
         "job__elastic_max",
         "job__cpu_milli",
         "job__memory_mib",
-    ),
-    row=ActiveAllocationRow,
-)
+    )
+    return [ActiveAllocationRow._make(row) for row in rows]
 
 
 class ResizeHoldRow(NamedTuple):
@@ -112,8 +115,9 @@ class NodeRow(NamedTuple):
     last_heartbeat_at: datetime | None
 
 
-NODES = CompiledQuery(
-    lambda: (
+def nodes() -> list[NodeRow]:
+    """The nodes that are not gone, in order."""
+    rows = (
         Node.objects.exclude(state__in=_GONE)
         .order_by("pk")
         .values_list(
@@ -127,9 +131,8 @@ NODES = CompiledQuery(
             "fenced",
             "last_heartbeat_at",
         )
-    ),
-    row=NodeRow,
-)
+    )
+    return [NodeRow._make(row) for row in rows]
 
 
 class GpuRow(NamedTuple):
@@ -143,8 +146,9 @@ class GpuRow(NamedTuple):
     health: str
 
 
-GPUS = CompiledQuery(
-    lambda: (
+def gpus() -> list[GpuRow]:
+    """The GPUs of the nodes that are not gone, by node and index."""
+    rows = (
         Gpu.objects.exclude(node__state__in=_GONE)
         .order_by("node_id", "index")
         .values_list(
@@ -157,9 +161,8 @@ GPUS = CompiledQuery(
             "oversubscription",
             "health",
         )
-    ),
-    row=GpuRow,
-)
+    )
+    return [GpuRow._make(row) for row in rows]
 
 
 class QueuedJobRow(NamedTuple):
@@ -195,8 +198,9 @@ class QueuedJobRow(NamedTuple):
     gpu_models_json: str  # as text, like precisions: the any-of model set of a manifest job
 
 
-QUEUED_JOBS = CompiledQuery(
-    lambda: (
+def queued_jobs() -> list[QueuedJobRow]:
+    """The jobs the cycle plans, in queue order (Slurm's are handed over, not planned)."""
+    rows = (
         Job.objects.filter(state=JobState.QUEUED, waiting_on_dependencies=False)
         .exclude(pool__backend=Pool.Backend.SLURM)  # Slurm's jobs are handed over, not planned
         .order_by("queued_at", "pk")
@@ -229,9 +233,8 @@ QUEUED_JOBS = CompiledQuery(
             "estimated_start_at",
             Cast("gpu_models", output_field=TextField()),
         )
-    ),
-    row=QueuedJobRow,
-)
+    )
+    return [QueuedJobRow._make(row) for row in rows]
 
 
 class PreemptionRow(NamedTuple):
@@ -322,10 +325,6 @@ class PkRow(NamedTuple):
     pk: int
 
 
-class KindRow(NamedTuple):
-    kind: str
-
-
 # Anything queued? One read answers the three questions: a job for our plan ("agents"), a job
 # of a Slurm pool that Slurm has not got yet ("slurm": the hand-off), a job waiting on others
 # ("dependencies": settled before planning). Slurm's jobs are never planned.
@@ -359,20 +358,12 @@ def _elastic_below_max() -> QuerySet[Job, tuple[str]]:
     )
 
 
-ANY_QUEUED = CompiledQuery(
-    lambda: _agents_queued().union(
-        _slurm_queued(), _dependencies_queued(), _elastic_below_max(), all=True
-    ),
-    row=KindRow,
-)
-
-
 def queued_kinds() -> set[str]:
     """{"agents", "slurm", "dependencies", "elastic"} or part of it: what the cycle has to do."""
-    if connection.features.supports_slicing_ordering_in_compound:
-        return {row[0] for row in ANY_QUEUED.rows()}
-    # SQLite (the embedded default) takes no LIMIT inside a UNION: one read each
     parts = (_agents_queued(), _slurm_queued(), _dependencies_queued(), _elastic_below_max())
+    if connection.features.supports_slicing_ordering_in_compound:
+        return {kind for (kind,) in parts[0].union(*parts[1:], all=True)}
+    # SQLite (the embedded default) takes no LIMIT inside a UNION: one read each
     return {kind for qs in parts for (kind,) in qs}
 
 
@@ -446,12 +437,12 @@ class LockedQueuedJobRow(NamedTuple):
     state: str
 
 
-LOCK_QUEUED_JOBS = CompiledQuery(
-    lambda job_ids: (
+def lock_queued_jobs(job_ids: list[int]) -> list[LockedQueuedJobRow]:
+    """The placed jobs still queued, locked."""
+    rows = (
         Job.objects.select_for_update(of=("self",))
         .filter(AnyOf(F("pk"), job_ids), state=JobState.QUEUED)
         .order_by("pk")
         .values_list("pk", "attempt", "borrowed", "state")
-    ),
-    row=LockedQueuedJobRow,
-)
+    )
+    return [LockedQueuedJobRow._make(row) for row in rows]
