@@ -369,7 +369,7 @@ def main() -> None:
         rows,
     )
     body = (
-        "## Fast paths against their generic paths (issue 26)\n\n"
+        "### The latest run\n\n"
         f"`{command_line('bench.fast_paths')}` — each pair alternating in {args.rounds} rounds "
         f"of about {args.budget_ms:g} ms a side, wall time per call, medians; fleet of "
         f"{args.nodes} nodes and {args.jobs} jobs (`bench.cycle_scale`'s).\n\n" + table
