@@ -214,7 +214,7 @@ def build_state(
     ended allocations; only the fair-share queue policy reads it (`orders_by_fair_share`).
     """
     # Active allocations with their job's columns in one read (consistent, no id list).
-    active = reads.active_allocations()
+    active = reads.ACTIVE_ALLOCATIONS.rows()
     now_s = ts(now)
     used_milli: dict[int, int] = defaultdict(int)
     used_mem: dict[int, int] = defaultdict(int)
@@ -298,7 +298,7 @@ def build_state(
 
     gpus_of: dict[int, list[GpuView]] = defaultdict(list)
     reused_gpus, kept_gpus = _REUSE.gpus, {}
-    for g in reads.gpus():
+    for g in reads.GPUS.rows():
         gpu_key = (g, used_milli[g.pk], used_mem[g.pk])
         known_gpu = reused_gpus.get(g.pk)
         if known_gpu is not None and known_gpu[0] == gpu_key:
@@ -333,10 +333,10 @@ def build_state(
             and n.last_heartbeat_at is not None,
             unavailable=node_unavailable(n.state, n.fenced, n.last_heartbeat_at is not None),
         )
-        for n in reads.nodes()
+        for n in reads.NODES.rows()
     ]
 
-    queued = reads.queued_jobs()
+    queued = reads.QUEUED_JOBS.rows()
     recent = now - timedelta(seconds=PREEMPTION_MEMORY_S)
     preempted_by: dict[int, set[int]] = defaultdict(set)
     for job_id, data in reads.RECENT_PREEMPTIONS.rows(since=recent):

@@ -1,15 +1,16 @@
-"""The scheduling cycle's reads, as named rows.
+"""Fast path: the scheduling cycle's reads, compiled to SQL once, as named rows.
 
-Every read is an ordinary `values_list` queryset and every row a `NamedTuple` whose fields are
-the selected columns in order, so a new column is added in two lines next to each other; tens
-of thousands of plain rows are far cheaper than as many model instances. The big reads (the
-snapshot's nodes, GPUs, allocations and queued jobs, the queued-kinds probe, the placed jobs'
-lock) run as the ORM runs them: compiling them once gained nothing measurable on their
-path (docs/benchmarks.md, "Fast paths: kept or removed (issue 26)").
-
-Fast path: the small reads the cycle repeats are compiled once (`portal.db.CompiledQuery`),
-justified by `bench.fast_paths` (each 1.9x to 4.6x the ORM's way at 10,000 jobs on 1,000
-nodes) and `bench.cycle_scale`. Everything else in the cycle uses the ORM.
+Justified by `bench.fast_paths` (docs/benchmarks.md, "Fast paths: kept or removed (issue 26)":
+each read against the ORM's way; at `bench.submit_throughput`'s fleet of 25 nodes the snapshot's
+reads are 1.9x to 4.3x, the small reads 1.9x to 4.6x at 10,000 jobs on 1,000 nodes, where the
+snapshot's big reads are at par) and `bench.cycle_scale`. The cycle runs back to back while jobs
+arrive, and building and compiling these querysets costs more CPU than PostgreSQL spends
+answering them on a small fleet; tens of thousands of plain rows are also far cheaper than as
+many model instances. Every read is an ordinary `values_list` queryset
+(`portal.db.CompiledQuery`; on SQLite it simply runs as one), and every row is a
+`NamedTuple` whose fields are the selected columns in order, so a new column is added in two
+lines next to each other. The placed jobs' lock (`lock_queued_jobs`) measured below 1.5x and is
+a plain queryset; everything else in the cycle uses the ORM.
 """
 
 from __future__ import annotations
@@ -62,9 +63,8 @@ class ActiveAllocationRow(NamedTuple):
     job_memory_mib: int
 
 
-def active_allocations() -> list[ActiveAllocationRow]:
-    """Active allocations with their job's columns, in one read."""
-    rows = Allocation.objects.filter(ended_at__isnull=True).values_list(
+ACTIVE_ALLOCATIONS = CompiledQuery(
+    lambda: Allocation.objects.filter(ended_at__isnull=True).values_list(
         "job_id",
         "node_id",
         "gpu_id",
@@ -84,8 +84,9 @@ def active_allocations() -> list[ActiveAllocationRow]:
         "job__elastic_max",
         "job__cpu_milli",
         "job__memory_mib",
-    )
-    return [ActiveAllocationRow._make(row) for row in rows]
+    ),
+    row=ActiveAllocationRow,
+)
 
 
 class ResizeHoldRow(NamedTuple):
@@ -115,9 +116,8 @@ class NodeRow(NamedTuple):
     last_heartbeat_at: datetime | None
 
 
-def nodes() -> list[NodeRow]:
-    """The nodes that are not gone, in order."""
-    rows = (
+NODES = CompiledQuery(
+    lambda: (
         Node.objects.exclude(state__in=_GONE)
         .order_by("pk")
         .values_list(
@@ -131,8 +131,9 @@ def nodes() -> list[NodeRow]:
             "fenced",
             "last_heartbeat_at",
         )
-    )
-    return [NodeRow._make(row) for row in rows]
+    ),
+    row=NodeRow,
+)
 
 
 class GpuRow(NamedTuple):
@@ -146,9 +147,8 @@ class GpuRow(NamedTuple):
     health: str
 
 
-def gpus() -> list[GpuRow]:
-    """The GPUs of the nodes that are not gone, by node and index."""
-    rows = (
+GPUS = CompiledQuery(
+    lambda: (
         Gpu.objects.exclude(node__state__in=_GONE)
         .order_by("node_id", "index")
         .values_list(
@@ -161,8 +161,9 @@ def gpus() -> list[GpuRow]:
             "oversubscription",
             "health",
         )
-    )
-    return [GpuRow._make(row) for row in rows]
+    ),
+    row=GpuRow,
+)
 
 
 class QueuedJobRow(NamedTuple):
@@ -198,9 +199,8 @@ class QueuedJobRow(NamedTuple):
     gpu_models_json: str  # as text, like precisions: the any-of model set of a manifest job
 
 
-def queued_jobs() -> list[QueuedJobRow]:
-    """The jobs the cycle plans, in queue order (Slurm's are handed over, not planned)."""
-    rows = (
+QUEUED_JOBS = CompiledQuery(
+    lambda: (
         Job.objects.filter(state=JobState.QUEUED, waiting_on_dependencies=False)
         .exclude(pool__backend=Pool.Backend.SLURM)  # Slurm's jobs are handed over, not planned
         .order_by("queued_at", "pk")
@@ -233,8 +233,9 @@ def queued_jobs() -> list[QueuedJobRow]:
             "estimated_start_at",
             Cast("gpu_models", output_field=TextField()),
         )
-    )
-    return [QueuedJobRow._make(row) for row in rows]
+    ),
+    row=QueuedJobRow,
+)
 
 
 class PreemptionRow(NamedTuple):
@@ -325,6 +326,10 @@ class PkRow(NamedTuple):
     pk: int
 
 
+class KindRow(NamedTuple):
+    kind: str
+
+
 # Anything queued? One read answers the three questions: a job for our plan ("agents"), a job
 # of a Slurm pool that Slurm has not got yet ("slurm": the hand-off), a job waiting on others
 # ("dependencies": settled before planning). Slurm's jobs are never planned.
@@ -358,12 +363,20 @@ def _elastic_below_max() -> QuerySet[Job, tuple[str]]:
     )
 
 
+ANY_QUEUED = CompiledQuery(
+    lambda: _agents_queued().union(
+        _slurm_queued(), _dependencies_queued(), _elastic_below_max(), all=True
+    ),
+    row=KindRow,
+)
+
+
 def queued_kinds() -> set[str]:
     """{"agents", "slurm", "dependencies", "elastic"} or part of it: what the cycle has to do."""
-    parts = (_agents_queued(), _slurm_queued(), _dependencies_queued(), _elastic_below_max())
     if connection.features.supports_slicing_ordering_in_compound:
-        return {kind for (kind,) in parts[0].union(*parts[1:], all=True)}
+        return {row[0] for row in ANY_QUEUED.rows()}
     # SQLite (the embedded default) takes no LIMIT inside a UNION: one read each
+    parts = (_agents_queued(), _slurm_queued(), _dependencies_queued(), _elastic_below_max())
     return {kind for qs in parts for (kind,) in qs}
 
 
@@ -438,7 +451,9 @@ class LockedQueuedJobRow(NamedTuple):
 
 
 def lock_queued_jobs(job_ids: list[int]) -> list[LockedQueuedJobRow]:
-    """The placed jobs still queued, locked."""
+    """The placed jobs still queued, locked. A plain queryset: compiling it once measured
+    1.04x at 10,000 x 1,000 and 1.27x at 25 nodes (`bench.fast_paths`), below the 1.5x a fast
+    path must show (issue 26)."""
     rows = (
         Job.objects.select_for_update(of=("self",))
         .filter(AnyOf(F("pk"), job_ids), state=JobState.QUEUED)
