@@ -69,6 +69,7 @@ def holders_of(node_id: int, *, since_ts: float, generation: str = "0") -> NodeH
         )
     models: dict[int, str] = {}
     spans: dict[int, list[Span]] = {}
+    # Fast path (raw SQL, `bench.telemetry_ingest`): a node's GPUs and their holders in one read.
     with connection.cursor() as cursor:
         cursor.execute(sql, [datetime.fromtimestamp(since_ts, tz=UTC), node_id])
         for gpu_id, model, job_id, share, start, end in cursor.fetchall():

@@ -169,6 +169,7 @@ _script: Any = None
 
 
 def _write_script() -> Any:
+    """Fast path (Lua, `bench.telemetry_ingest`): one command per heartbeat."""
     global _script
     client = redis_client()
     if _script is None or _script.registered_client is not client:

@@ -174,6 +174,8 @@ def upsert_minute(minute: int, rows: GpuRows, cluster: ClusterRows, *, replace: 
     conflict = "(resolution, gpu_id, held_by_job, bucket)"
     c_rows = [(model, int(n), int(h), u / n) for model, (n, h, u) in cluster.items() if n]
     c_set = _merge_set(["samples", "held_samples"], [], ["util_avg"])
+    # Fast path (raw SQL, `bench.telemetry_ingest`): upserts that add to the stored row, which
+    # `bulk_create(update_conflicts=...)` cannot (it only overwrites).
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             if rows:

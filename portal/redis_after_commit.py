@@ -14,7 +14,8 @@ batch after it, so every command still runs after the hooks registered before it
 those registered after it; a savepoint that rolls back drops its batch with its other hooks.
 Outside a transaction the commands are sent at once.
 
-Fast path, justified by `bench.submit_cost` (a round trip less per submit). Callers use it
+Fast path, justified by `bench.fast_paths` (a submit's push message and cycle request 1.9x as
+fast as a hook each: one round trip for three) and `bench.submit_cost`. Callers use it
 only where the cache is Redis (`redis_cache()`); elsewhere they keep Django's cache API.
 """
 

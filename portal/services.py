@@ -207,8 +207,8 @@ def _converters(field: Any) -> list[Any]:
 
 def _token_user_row(*, stale_before: datetime, digest: str, now: datetime) -> Any:
     """The user (from its concrete columns) and the token's id, scope and whether its last
-    use is stale, or None. A cursor and `from_db`, not `Manager.raw`, whose per-call setup
-    (resolving the columns to fields) cost more than the statement (`bench.submit_cost`)."""
+    use is stale, or None. Fast path: a cursor and `from_db`, not `Manager.raw`, whose per-call
+    setup (resolving the columns to fields) cost more than the statement (`bench.submit_cost`)."""
     global _token_user
     fields = User._meta.concrete_fields
     if _token_user is None:

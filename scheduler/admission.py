@@ -531,6 +531,7 @@ def admission_verdict(
 
 # The queued jobs' count is an exact COUNT on the (project, state) index (a counter row would
 # serialise a project's concurrent submits), read in the same statement: one round trip less.
+# Fast path (raw SQL), on every submission (`bench.submit_cost`).
 QUOTA_SHARE_LOCKED = """
 SELECT q.id, q.max_gpus, q.gpu_hours_per_month, q.max_gpus_per_job, q.max_priority,
        q.allow_borrowing, q.updated_at, q.max_gpus_per_member,

@@ -6,6 +6,9 @@ faster, but not always to the same result, so each class here takes orjson's ans
 it is provably DRF's, and otherwise hands the input to DRF's class, which then answers (or fails)
 exactly as before. tests/portal/test_fastjson.py holds them to DRF's classes over tables of inputs.
 
+Fast path, justified by `bench.json_cost` (docs/benchmarks.md: DRF's classes 2.0x to 3.3x the
+CPU of these on heartbeats, job answers and pages).
+
 Where orjson and `json` differ, and what is done about it:
 
 - Parsing: orjson reads an integer beyond 64 bits as a float (`json` as an int), so a body with

@@ -161,7 +161,7 @@ def _take_placements(
     """Step 3: take each placement whose job is still queued and whose GPUs still fit it."""
     placing = {
         row.pk: row
-        for row in reads.LOCK_QUEUED_JOBS.rows(job_ids=[p.job_id for p in decided.placements])
+        for row in reads.lock_queued_jobs(job_ids=[p.job_id for p in decided.placements])
     }
     # A shrink frees its GPUs only once the shrunk job has stopped: a placement on them waits
     # (with that reason) rather than being dropped and planned again unchanged next cycle.

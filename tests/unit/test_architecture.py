@@ -12,16 +12,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The one place the direction between our packages is written down: each may import only those
 # it names (and itself). The top layer (`config`, `web`) composes the apps; billing and monitoring
-# build on the scheduler; the scheduler on storage, storage on tenancy (`portal`), which imports
-# none of ours.
+# build on the scheduler; the scheduler on storage, storage on tenancy (`portal`); every app on
+# the plumbing (`foundation`), which imports none of ours.
 MAY_IMPORT: dict[str, set[str]] = {
-    "config": {"web", "billing", "monitoring", "scheduler", "storage", "portal"},
-    "web": {"billing", "monitoring", "scheduler", "storage", "portal"},
-    "billing": {"scheduler", "storage", "portal"},
-    "monitoring": {"scheduler", "storage", "portal"},
-    "scheduler": {"storage", "portal", "agent"},  # of the agent, only its wire contract
-    "storage": {"portal"},  # volumes and datasets; the scheduler answers it through a port
-    "portal": set(),
+    "config": {"web", "billing", "monitoring", "scheduler", "storage", "portal", "foundation"},
+    "web": {"billing", "monitoring", "scheduler", "storage", "portal", "foundation"},
+    "billing": {"scheduler", "storage", "portal", "foundation"},
+    "monitoring": {"scheduler", "storage", "portal", "foundation"},
+    # of the agent, only its wire contract (see WIRE_CONTRACT)
+    "scheduler": {"storage", "portal", "foundation", "agent"},
+    "storage": {"portal", "foundation"},  # volumes and datasets; the scheduler answers a port
+    "portal": {"foundation"},
+    "foundation": set(),
     "agent": set(),  # the node agent ships alone: stdlib and pynvml
 }
 # The one module of the agent others may import: the agent↔portal messages, defined once.
@@ -185,7 +187,7 @@ def test_imports_inside_functions_and_relative_ones_count(tmp_path):
         "def later():\n"
         "    from .selectors import job_placement\n"
         "    import billing.pricing\n"
-        "    from portal import enqueue\n"
+        "    from portal import audit\n"
     )
     assert imports_of("scheduler.probe", module) == {
         "scheduler.models",
@@ -194,7 +196,7 @@ def test_imports_inside_functions_and_relative_ones_count(tmp_path):
         "scheduler.selectors.job_placement",
         "billing.pricing",
         "portal",
-        "portal.enqueue",
+        "portal.audit",
     }
     graph = import_graph()
     assert "scheduler.nodes" in graph["scheduler.tasks"]  # a lazy import in a task, seen
@@ -239,9 +241,10 @@ def test_apps_import_only_in_the_allowed_direction():
     assert wrong == []
 
 
-def test_the_allowed_direction_has_no_cycle_and_keeps_tenancy_at_the_bottom():
+def test_the_allowed_direction_has_no_cycle_and_keeps_the_plumbing_at_the_bottom():
     assert cycles({p: set(d) for p, d in MAY_IMPORT.items()}) == []
-    assert MAY_IMPORT["portal"] == set() and MAY_IMPORT["agent"] == set()
+    assert MAY_IMPORT["foundation"] == set() and MAY_IMPORT["agent"] == set()
+    assert MAY_IMPORT["portal"] == {"foundation"}  # tenancy: only the plumbing below it
     assert not any(TOP_LAYER & deps for p, deps in MAY_IMPORT.items() if p not in TOP_LAYER)
 
 

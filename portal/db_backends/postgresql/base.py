@@ -16,6 +16,9 @@ on the client without asking the server:
   exactly as when `SELECT 1` fails. Anything else that makes an idle socket readable (a NOTIFY
   for a LISTEN, which the portal does not use) only costs a reconnection.
 
+Fast path, justified by `bench.fast_paths` (the check 45x as fast as Django's `SELECT 1` on an
+idle connection, at the first query of every request).
+
 redis-py checks its pooled connections the same way. `select.poll` because a process may hold
 file descriptors above `select.select`'s limit of 1024.
 
