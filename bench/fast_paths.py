@@ -46,7 +46,7 @@ from bench.django_env import setup, teardown
 
 COMPILED_MODULES = (
     "portal.selectors",
-    "scheduler.cycle_reads",
+    "scheduler.cycle.reads",
     "scheduler.selectors",
     "scheduler.transitions",
     "scheduler.images",

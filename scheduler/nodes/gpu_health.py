@@ -29,24 +29,7 @@ def gpu_health_apply(
     arrives at least GPU_FAULT_CORROBORATION_SECONDS later, that still finds the GPU unhealthy
     (so one heartbeat, whatever the ages of its samples, cannot corroborate itself)."""
     for xid in assessment.job_fault_xids:
-        jobs = list(jobs_holding(gpu=gpu).filter(state__in=[JobState.STARTING, JobState.RUNNING]))
-        NodeEvent.objects.create(
-            node=node,
-            gpu=gpu,
-            severity=NodeEvent.Severity.WARNING,
-            kind=f"xid_{xid}",
-            message=f"XID {xid} on GPU {gpu.index}: an application fault; the GPU stays in service",
-        )
-        if len(jobs) == 1:  # on a shared GPU the culprit is unknown: record, do not guess
-            job = jobs[0]
-            job.failure_reason = f"The job caused GPU error XID {xid} (an application fault)"
-            job_transition(
-                job=job,
-                to=JobState.FAILED,
-                reason=job.failure_reason,
-                actor_label=f"health:{node.name}",
-                update_fields=("failure_reason",),
-            )
+        _application_fault(node, gpu, xid)
     new = assessment.gpu.value
     current = gpu.health
     if (
@@ -59,6 +42,38 @@ def gpu_health_apply(
         gpu_fault_corroborate(gpu, how="heartbeat")  # still unhealthy on a later heartbeat
     if new == current or (current == Gpu.Health.UNHEALTHY and new != Gpu.Health.UNHEALTHY):
         return  # unhealthy is sticky: an operator resets it after looking at the GPU
+    reasons = _mark_gpu(node, gpu, assessment, received=received)
+    if new == Gpu.Health.UNHEALTHY:
+        _move_work_off(node, gpu, reasons)
+
+
+def _application_fault(node: Node, gpu: Gpu, xid: int) -> None:
+    """An XID the job caused: recorded; the one job on the GPU fails (on a shared GPU the
+    culprit is unknown, so nothing is guessed)."""
+    jobs = list(jobs_holding(gpu=gpu).filter(state__in=[JobState.STARTING, JobState.RUNNING]))
+    NodeEvent.objects.create(
+        node=node,
+        gpu=gpu,
+        severity=NodeEvent.Severity.WARNING,
+        kind=f"xid_{xid}",
+        message=f"XID {xid} on GPU {gpu.index}: an application fault; the GPU stays in service",
+    )
+    if len(jobs) == 1:
+        job = jobs[0]
+        job.failure_reason = f"The job caused GPU error XID {xid} (an application fault)"
+        job_transition(
+            job=job,
+            to=JobState.FAILED,
+            reason=job.failure_reason,
+            actor_label=f"health:{node.name}",
+            update_fields=("failure_reason",),
+        )
+
+
+def _mark_gpu(node: Node, gpu: Gpu, assessment: health.Assessment, *, received: datetime) -> str:
+    """The GPU takes its new health (a fault recorded when it turns unhealthy), with a node
+    event and an audit record; the reasons in words."""
+    new = assessment.gpu.value
     gpu.health = new
     if new == Gpu.Health.UNHEALTHY:
         gpu_fault_record(gpu, at=received)
@@ -68,19 +83,22 @@ def gpu_health_apply(
         Gpu.Health.UNHEALTHY: NodeEvent.Severity.CRITICAL,
         Gpu.Health.DEGRADED: NodeEvent.Severity.WARNING,
     }
-    severity = severities.get(new, NodeEvent.Severity.INFO)
     NodeEvent.objects.create(
         node=node,
         gpu=gpu,
-        severity=severity,
+        severity=severities.get(new, NodeEvent.Severity.INFO),
         kind=f"gpu_{new}",
         message=f"GPU {gpu.index} ({gpu.uuid}) {new}: {reasons}",
     )
     audit_record(
         actor=None, action=f"gpu.{new}", target=gpu, data={"reasons": list(assessment.reasons)}
     )
-    if new != Gpu.Health.UNHEALTHY:
-        return
+    return reasons
+
+
+def _move_work_off(node: Node, gpu: Gpu, reasons: str) -> None:
+    """An unhealthy GPU: its jobs are requeued, and a node left with no healthy GPU is marked
+    unhealthy (it takes no new work)."""
     faulted = jobs_holding(gpu=gpu).exclude(
         state__in=[JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
     )

@@ -160,8 +160,8 @@ def test_fair_share_counts_gpu_hours_as_quotas_count_them(team, fleet):
     from datetime import timedelta
     from decimal import Decimal
 
-    from scheduler import cycle_reads
-    from scheduler.cycle import _decayed_usage
+    from scheduler.cycle import reads as cycle_reads
+    from scheduler.cycle.state import _decayed_usage
     from scheduler.selectors import project_gpu_hours
 
     project = team["a"]
