@@ -72,8 +72,13 @@ def _job(**kw: Any) -> Job:
         "preemptible": True,
         "runtime_estimate_s": 3600,
         "time_limit_s": 7200,
-        "checkpoint_dir": "/ckpt/a",
-        "working_dir": "/work/a",
+        "volumes": [
+            {"name": "data", "path": "/data/in", "read_only": True},
+            {"name": "ckpt", "path": "/data/ckpt", "read_only": False},
+            {"name": "tmp", "path": "/tmp/s", "read_only": False, "kind": "scratch", "size_gib": 5},
+        ],
+        "checkpoint": "ckpt:runs/a",
+        "working_dir": "/workspace/a",
         "env": {"A": "x y"},
         "max_restarts": 3,
         "elastic_min": 2,
@@ -310,7 +315,7 @@ def test_the_api_bounds_are_the_declared_ones():
 
 
 def test_every_named_mapper_exists():
-    from scheduler import admission, dependencies, forms, job_templates
+    from scheduler import admission, dependencies, forms, job_templates, job_volumes
     from scheduler.backends.slurm import submit
     from scheduler.manifests import export, parse
 
@@ -320,6 +325,7 @@ def test_every_named_mapper_exists():
         "export": export,
         "forms": forms,
         "job_templates": job_templates,
+        "job_volumes": job_volumes,
         "parse": parse,
         "slurm": submit,
     }

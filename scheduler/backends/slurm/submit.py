@@ -89,14 +89,12 @@ def batch_job(
         pattern = f"{out_dir}/portal-job-{job.pk}-%a.out"
     else:
         pattern = f"{out_dir}/portal-job-{job.pk}.out"
-    args += [f"--output={pattern}", f"--chdir={job.working_dir or out_dir}"]
+    args += [f"--output={pattern}", f"--chdir={out_dir}"]
     lines = ["#!/bin/bash", f"# portal job {job.pk} of project {job.project.slug}"]
     env = {**job.env, **job.secret_env, "JOB_ID": str(job.pk)}
     if shards > 1:
         env["SHARD_COUNT"] = str(shards)
         lines.append('export SHARD_INDEX="$SLURM_ARRAY_TASK_ID"')
-    if job.checkpoint_dir:
-        env["CHECKPOINT_DIR"] = job.checkpoint_dir
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
     lines.append(job.command)
     return BatchJob(tuple(args), "\n".join(lines) + "\n", pattern)
