@@ -527,3 +527,43 @@ def test_a_job_mounts_volumes_and_checkpoints_in_one(lab, api, volumes):
     # an active job's volume cannot be deleted (the scheduler's port)
     resp = api(lab["owner"]).delete("/api/v1/projects/alpha/volumes/ckpt")
     assert resp.status_code == 409 and str(job["id"]) in str(resp.json()), resp.content
+
+
+FORM = {
+    "project": "alpha",
+    "name": "vol",
+    "command": "python train.py",
+    "gpu_model": "H100-80GB-SXM",
+    "shape": "whole",
+    "gpus": "1",
+    "priority": "1",
+    "shard_count": "1",
+    "max_restarts": "0",
+}
+
+
+def test_the_form_mounts_volumes_and_puts_a_host_path_next_to_its_field(lab, client, volumes):
+    client.force_login(lab["member"])
+    for fields, field, words in [
+        ({"working_dir": "/root"}, "working_dir", "never a host path"),
+        ({"checkpoint": "/root/ckpt"}, "checkpoint", "host path is never accepted"),
+        ({"volumes": "ds:/in"}, "volumes", "dataset"),
+        ({"volumes": "ds:in"}, "volumes", "Line 1"),
+        ({"volumes": "theirs"}, "volumes", "no volume named 'theirs'"),
+    ]:
+        resp = client.post("/jobs/new/", {**FORM, **fields})
+        assert resp.status_code == 400, fields
+        errors = resp.context["form"].errors
+        assert field in errors and words in errors[field][0], (fields, errors)
+    assert not Job.objects.exists()
+    resp = client.post(
+        "/jobs/new/",
+        {**FORM, "volumes": "ds:/in:ro\n", "checkpoint": "ckpt:r", "working_dir": "/in"},
+    )
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    job = Job.objects.get()
+    assert job.volumes[0] == {"name": "ds", "path": "/in", "read_only": True}
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="job-volumes"' in page and "ckpt:r" in page
+    clone = client.get(f"/jobs/new/?from={job.pk}").content.decode()
+    assert "ds:/in:ro" in clone
