@@ -16,8 +16,9 @@ import itertools
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
+from agent.protocol import VolumeMount
 from portal.errors import DomainError
 from storage.paths import container_path_validate
 
@@ -263,10 +264,10 @@ def volumes_resolve(*, project: Any, volumes: Iterable[Mapping[str, Any]]) -> di
 
 def assignment_volumes(
     volumes: Iterable[Mapping[str, Any]], rows: Mapping[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[VolumeMount]:
     """The assignment's `volumes` (agent/protocol.py VolumeMount): ids, kinds, container paths
     and limits, never a host path. A project volume no longer live is left out."""
-    out: list[dict[str, Any]] = []
+    out: list[VolumeMount] = []
     for m in volumes:
         if m.get("kind") == "scratch":
             out.append(
@@ -287,7 +288,7 @@ def assignment_volumes(
             {
                 "id": v.pk,
                 "name": v.name,
-                "kind": v.kind,
+                "kind": cast(Any, v.kind),  # one of VOLUME_KINDS (the model's choices)
                 "mount_path": m["path"],
                 "read_only": bool(m.get("read_only")) or v.is_dataset,
                 "limit_mib": v.size_gib * MIB_PER_GIB,
