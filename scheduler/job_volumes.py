@@ -259,6 +259,14 @@ def volumes_resolve(*, project: Any, volumes: Iterable[Mapping[str, Any]]) -> di
             raise DomainError(
                 f"Dataset {v.name} is not complete yet ({v.fill_state}).", field="volumes"
             )
+    nodes = {v.node_name: v.name for v in rows.values() if v.node_name}
+    if len(nodes) > 1:
+        raise DomainError(
+            "Node-local volumes "
+            + ", ".join(f"{name} (on {node})" for node, name in sorted(nodes.items()))
+            + " are on different nodes: a job runs on one node.",
+            field="volumes",
+        )
     return rows
 
 
