@@ -190,12 +190,20 @@ def check_slurm(f: RequestField) -> str | None:
         partitions="gpu",
         gpu_types={"A100-80GB": "a100"},
         output_dir="/shared/portal/",
+        storage_root="/shared/volumes",
     )
     batch = batch_job(
-        cfg, _job(gpu_milli=1000, secret_env={"S": "s"}), shards=3, dependency="afterok:7"
+        cfg,
+        _job(gpu_milli=1000, secret_env={"S": "s"}),
+        shards=3,
+        dependency="afterok:7",
+        volume_ids={"data": 1, "ckpt": 2},
     )
     if carry.startswith("--"):
         return None if any(a.startswith(carry) for a in batch.args) else f"sbatch has no {carry}"
+    if carry.endswith(" in the script") and carry.split()[0].isupper():  # an exported variable
+        var = carry.split()[0].replace("<NAME>", "DATA")
+        return None if f"export {var}=" in batch.script else f"the script has no {var}"
     value = getattr(_job(secret_env={"S": "s"}), str(f.model), None)
     wanted = next(iter(value)) if isinstance(value, dict) else value
     return None if wanted and str(wanted) in batch.script else f"the script has no {f.name}"
