@@ -41,7 +41,7 @@ def requeue_after_fault(job: Job, why: str, *, end_reason: str, actor: str) -> N
         )
     else:
         job.failure_reason = (
-            f"{why}; the job may not restart (no checkpoint directory, not preemptible, "
+            f"{why}; the job may not restart (no checkpoint volume, not preemptible, "
             "no restarts left)"
         )[:500]
         job_transition(
