@@ -259,7 +259,6 @@ def _check_env(spec: JobSpec) -> None:
 def _check_paths_image_shm(spec: JobSpec) -> None:
     if len(spec.working_dir) > MAX_PATH:
         raise _bad("working_dir", f"The working directory is at most {MAX_PATH} characters.")
-    mounts_validate(spec.volumes, spec.checkpoint, spec.working_dir)
     image_check(spec.image)
     if spec.shm_mib and not 0 < spec.shm_mib <= 1024 * 1024:
         raise _bad("shm_mib", "Shared memory is at most 1 TiB.")
@@ -333,6 +332,7 @@ def spec_validate(spec: JobSpec) -> JobSpec:
     """Check a spec for consistency; raise DomainError naming the field and what to fix."""
     for check in SPEC_CHECKS:
         check(spec)
+    # the volumes, checkpoint and working directory: container paths only, normalised
     volumes, checkpoint, working_dir = mounts_validate(
         spec.volumes, spec.checkpoint, spec.working_dir
     )

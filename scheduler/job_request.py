@@ -13,7 +13,7 @@ hand and checked against it by `tests/unit/test_job_request.py`: the CLI's flag 
 separate package that cannot import the server), `JobSpec` (a typed dataclass), the model (its
 migrations), the job answer's field order, the Slurm batch script and the agent's assignment.
 
-How to add a field (e.g. `volumes`):
+How to add a field (as `volumes` and `checkpoint` were):
 1. One `RequestField(...)` entry below. Python refuses it until every surface is answered:
    carried (the name there: a serializer field, a form field, a manifest path with `{container}`
    for the container's path, a CLI flag, a Slurm option, an assignment key) or `Absent(reason)`.
