@@ -208,28 +208,40 @@ def test_host_paths_from_the_security_review_are_400_naming_the_field(stack):
 
 
 def test_a_symlink_planted_at_the_stop_file_reaches_nothing_outside_its_volume(stack, tmp_path):
-    """The job links its checkpoint directory's stop file to a file of the host; the agent's
-    stop notice (written before SIGTERM) replaces the link, the host file is untouched, and
-    the job still runs and stops as asked."""
+    """The job links its checkpoint directory's stop file to a file of the host, and its
+    workspace and scratch volume to a host directory; the agent's stop notice (written before
+    SIGTERM) replaces the link, the host file is untouched, and when the attempt's workspace
+    and scratch are removed the links go, not what they point at. The job runs meanwhile."""
     precious = tmp_path / "precious"
     precious.write_text("the host's own\n")
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "data").write_text("kept\n")
     volume = shared_volume(stack, "ckpt")
     job_id = submit(
         stack,
         name="planter",
         gpus=1,
         checkpoint="ckpt:run",
-        command=f'ln -sf {precious} "$CHECKPOINT_DIR/stop-requested.json"; echo planted; sleep 60',
+        volumes=[{"name": "tmp", "kind": "scratch", "size_gib": 1}],
+        command=f'ln -sf {precious} "$CHECKPOINT_DIR/stop-requested.json"; '
+        f'ln -s {keep} "$VOLUME_TMP/escape"; ln -s {keep} escape; ln -s {precious} out.log; '
+        "echo planted; sleep 60",
     )
     wait_for(lambda: "planted" in log_of(job_id), timeout=60)
-    assert state_of(job_id) == JobState.RUNNING  # the link stops nothing: the job runs
+    assert state_of(job_id) == JobState.RUNNING  # the links stop nothing: the job runs
+    (node,) = set(Allocation.objects.filter(job_id=job_id).values_list("node__name", flat=True))
+    workspace = stack["agents"].workdir / node / "jobs" / str(job_id)
+    assert (workspace / "escape").is_symlink()
     resp = stack["api"].post(f"{stack['agents'].url}/api/v1/jobs/{job_id}/cancel")
     assert resp.json()["state"] == "cancelled"
     stop_file = stack["agents"].shared_root / f"v{volume.pk}" / "run" / "stop-requested.json"
     wait_for(lambda: stop_file.exists() and not stop_file.is_symlink(), timeout=30)
     notice = json.loads(stop_file.read_text())  # cancelled: no longer assigned, "killed"
     assert notice["job_id"] == job_id and notice["reason"] in ("cancel", "killed")
+    wait_for(lambda: not workspace.exists(), timeout=30)  # removed, links and all
     assert precious.read_text() == "the host's own\n" and not precious.is_symlink()
+    assert (keep / "data").read_text() == "kept\n"
 
 
 def test_a_job_writing_past_its_volume_is_stopped_and_no_other_project_is_touched(stack):
