@@ -426,6 +426,11 @@ class JobDetailSerializer(JobSerializer):
     )
     cost = serializers.SerializerMethodField()
     dependencies = serializers.SerializerMethodField()
+    legacy_host_paths = serializers.DictField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="A job from before volumes: the host paths it named (never used again).",
+    )
 
     class Meta(JobSerializer.Meta):
         fields = [
@@ -433,6 +438,7 @@ class JobDetailSerializer(JobSerializer):
             "env",
             "secret_env",
             "working_dir",
+            "legacy_host_paths",
             "placement",
             "members",
             "resize",
