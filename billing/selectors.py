@@ -186,7 +186,7 @@ def _fault_credited(alloc: Allocation) -> bool:
     credited = pricing.fault_credited(
         end_reason=alloc.end_reason,
         preemptible=alloc.job.preemptible or alloc.borrowed,
-        has_checkpoint=bool(alloc.job.checkpoint_dir),
+        has_checkpoint=bool(alloc.job.checkpoint),
         corroborated=alloc.fault_corroborated_at is not None,
     )
     if credited and alloc.end_reason == Allocation.EndReason.PREEMPTED:

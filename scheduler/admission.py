@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -37,6 +37,7 @@ from scheduler.dependencies import (
 from scheduler.dependencies import Verdict as DependenciesVerdict
 from scheduler.images import image_check
 from scheduler.job_request import MAX_GPUS_PER_JOB, MAX_PATH, MAX_SHARDS, Surface, carried_on
+from scheduler.job_volumes import mounts_validate, volumes_resolve
 from scheduler.models import (
     ACTIVE_STATES,
     PRECISIONS,
@@ -91,7 +92,10 @@ class JobSpec:
     preemptible: bool = False
     runtime_estimate_s: int | None = None
     time_limit_s: int | None = None
-    checkpoint_dir: str = ""
+    # the project's volumes by name at container paths, and "<volume>:<path>" for checkpoints
+    # (scheduler.job_volumes); working_dir is a directory in the container, never a host path
+    volumes: tuple[dict[str, Any], ...] = ()
+    checkpoint: str = ""
     working_dir: str = ""
     image: str = ""
     env: dict[str, str] = field(default_factory=dict)
@@ -253,9 +257,8 @@ def _check_env(spec: JobSpec) -> None:
 
 
 def _check_paths_image_shm(spec: JobSpec) -> None:
-    for label, path in (("checkpoint_dir", spec.checkpoint_dir), ("working_dir", spec.working_dir)):
-        if path and (not path.startswith("/") or len(path) > MAX_PATH or "\x00" in path):
-            raise _bad(label, f"{label} must be an absolute path of at most {MAX_PATH} characters.")
+    if len(spec.working_dir) > MAX_PATH:
+        raise _bad("working_dir", f"The working directory is at most {MAX_PATH} characters.")
     image_check(spec.image)
     if spec.shm_mib and not 0 < spec.shm_mib <= 1024 * 1024:
         raise _bad("shm_mib", "Shared memory is at most 1 TiB.")
@@ -322,7 +325,17 @@ def spec_validate(spec: JobSpec) -> JobSpec:
     """Check a spec for consistency; raise DomainError naming the field and what to fix."""
     for check in SPEC_CHECKS:
         check(spec)
-    return replace(spec, name=spec.name.strip())
+    # the volumes, checkpoint and working directory: container paths only, normalised
+    volumes, checkpoint, working_dir = mounts_validate(
+        spec.volumes, spec.checkpoint, spec.working_dir
+    )
+    return replace(
+        spec,
+        name=spec.name.strip(),
+        volumes=volumes,
+        checkpoint=checkpoint,
+        working_dir=working_dir,
+    )
 
 
 @dataclass(frozen=True)
@@ -765,6 +778,7 @@ def job_submit(
     """
     require_role(user=actor, project=project, roles=(Role.OWNER, Role.MEMBER))
     spec = spec_validate(spec)
+    volumes_resolve(project=project, volumes=spec.volumes)
     targets, waiting = dependencies_resolve(user=actor, deps=spec.dependencies)
     now = timezone.now()
     # Billing's checks do not read the quota: asked before the lock, they do not lengthen it.

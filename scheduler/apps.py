@@ -17,6 +17,11 @@ class SchedulerConfig(AppConfig):
         )
         checks.register(check_required_ports)
 
+        from scheduler.volume_use import volumes_in_use
+        from storage.ports import VOLUME_IN_USE
+
+        VOLUME_IN_USE.register(volumes_in_use)  # a volume an unended job mounts stays
+
         from scheduler.backends.slurm import signals
 
         signals.connect()  # quota edits → Slurm account limits

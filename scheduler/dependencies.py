@@ -410,7 +410,7 @@ def array_retry_failed(*, actor: User, root: Job, remote_addr: str | None = None
         job.exit_code = None
         job.finished_at = None
         job.restarts = 0
-        job.resume = bool(job.checkpoint_dir)
+        job.resume = job.has_checkpoint
         job.waiting_on_dependencies = job.pk in held
         job_transition(
             job=job,

@@ -28,6 +28,7 @@ from scheduler.core.model import MILLI, billed_share_milli, gpus_requested
 from scheduler.core.plan import Placement, plan
 from scheduler.core.reasons import PendingReason, format_when
 from scheduler.cycle import build_state, from_ts, job_request, policy_config, ts
+from scheduler.job_volumes import volumes_resolve
 from scheduler.models import Gpu, GpuModel, Job, JobState, Pool, Quota
 from scheduler.selectors import ModelAsk, gpu_model_list, gpu_models_job_may_use
 
@@ -212,6 +213,7 @@ def job_hourly_cost(job: Job) -> HourlyCost | None:
 def job_dry_run(*, project: Project, spec: JobSpec) -> DryRun:
     """Plan the cluster as it is now with this job added; nothing is written."""
     spec = spec_validate(spec)
+    volumes_resolve(project=project, volumes=spec.volumes)
     now = timezone.now()
     quota = Quota.objects.prefetch_related("model_limits").get(project=project)
     verdict: Verdict = admission_verdict(project=project, quota=quota, spec=spec, now=now)

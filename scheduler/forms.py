@@ -11,6 +11,7 @@ from portal.models import Project
 from scheduler.admission import JobSpec, spec_validate
 from scheduler.dependencies import dependencies_parse
 from scheduler.job_request import Surface, carried_on, form_bounds
+from scheduler.job_volumes import volume_mount_parse
 from scheduler.models import PRECISIONS, GpuModel, Job, Pool, PriorityClass
 
 
@@ -25,6 +26,18 @@ def _env_lines(text: str) -> dict[str, str]:
         key, value = line.split("=", 1)
         env[key.strip()] = value
     return env
+
+
+def _volume_lines(text: str) -> tuple[dict[str, Any], ...]:
+    """name:/path[:ro] lines as the request's volumes (blank lines skipped)."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(volume_mount_parse(line))
+            except DomainError as exc:
+                raise forms.ValidationError(f"Line {n}: {exc.message}") from exc
+    return tuple(out)
 
 
 # The fields the shape (whole GPUs, a fraction, a gang) decides, and those asked in hours.
@@ -53,7 +66,7 @@ def _plain_fields(data: dict[str, Any]) -> dict[str, Any]:
         if value in (None, ""):
             value = FORM_DEFAULTS.get(f.name, f.default)
             value = {} if isinstance(value, dict) else value  # never a shared dict
-        out[f.name] = tuple(value or ()) if f.kind == "str_list" else value
+        out[f.name] = tuple(value or ()) if f.kind in ("str_list", "volumes") else value
     return out
 
 
@@ -156,7 +169,19 @@ class JobForm(forms.Form):
         label="Time limit (hours)",
         help_text="The job is stopped when it runs longer.",
     )
-    checkpoint_dir = forms.CharField(**form_bounds("checkpoint_dir"), label="Checkpoint directory")
+    volumes = forms.CharField(
+        required=False,
+        label="Volumes",
+        help_text="The project's volumes, one per line: name:/path/in/container, :ro for "
+        "read-only (default /data/<name>).",
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "data:/data/data:ro"}),
+    )
+    checkpoint = forms.CharField(
+        **form_bounds("checkpoint"),
+        label="Checkpoints",
+        help_text="volume:path inside it, e.g. ckpt:runs/a; CHECKPOINT_DIR points there and a "
+        "restarted job resumes from it.",
+    )
     # no upper bound here: the spec's check says how elastic_min, gpus and elastic_max relate
     elastic_min = forms.IntegerField(**form_bounds("elastic_min", max_value=None))
     elastic_max = forms.IntegerField(**form_bounds("elastic_max", max_value=None))
@@ -178,7 +203,11 @@ class JobForm(forms.Form):
     # Kept from a cloned job or template (the API sets them; the form carries them along).
     cpu_milli = forms.IntegerField(**form_bounds("cpu_milli"), widget=forms.HiddenInput)
     memory_mib = forms.IntegerField(**form_bounds("memory_mib"), widget=forms.HiddenInput)
-    working_dir = forms.CharField(**form_bounds("working_dir"), widget=forms.HiddenInput)
+    working_dir = forms.CharField(
+        **form_bounds("working_dir"),
+        label="Working directory",
+        help_text="In the container: /workspace (default) or a path in one of its volumes.",
+    )
 
     secret_env = forms.CharField(
         required=False,
@@ -199,6 +228,9 @@ class JobForm(forms.Form):
 
     def clean_secret_env(self) -> dict[str, str]:
         return _env_lines(self.cleaned_data.get("secret_env") or "")
+
+    def clean_volumes(self) -> tuple[dict[str, Any], ...]:
+        return _volume_lines(self.cleaned_data.get("volumes") or "")
 
     def clean_dependencies(self) -> tuple[tuple[str, int], ...]:
         try:

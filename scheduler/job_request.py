@@ -13,7 +13,7 @@ hand and checked against it by `tests/unit/test_job_request.py`: the CLI's flag 
 separate package that cannot import the server), `JobSpec` (a typed dataclass), the model (its
 migrations), the job answer's field order, the Slurm batch script and the agent's assignment.
 
-How to add a field (e.g. `volumes`):
+How to add a field (as `volumes` and `checkpoint` were):
 1. One `RequestField(...)` entry below. Python refuses it until every surface is answered:
    carried (the name there: a serializer field, a form field, a manifest path with `{container}`
    for the container's path, a CLI flag, a Slurm option, an assignment key) or `Absent(reason)`.
@@ -72,7 +72,8 @@ class RequestField:
     """One field of a job request. Every surface is a required keyword: carried or Absent."""
 
     name: str
-    kind: str  # int, str, bool, str_list, str_map, gpu_model, pool, priority, dependencies
+    kind: str  # int, str, bool, str_list, str_map, gpu_model, pool, priority, dependencies,
+    # volumes
     help: str
     api_in: Carry
     api_out: Carry
@@ -284,20 +285,38 @@ FIELDS: tuple[RequestField, ...] = (
         template="time_limit_s", mappers=("forms._hours_fields", "job_templates.form_initial",),
     ),
     RequestField(
-        name="checkpoint_dir", kind="str", help="where the job writes checkpoints", default="",
-        max_length=MAX_PATH,
-        api_in="checkpoint_dir", api_out="checkpoint_dir", form="checkpoint_dir",
-        manifest_in=annotation("checkpoint-dir"), manifest_out=annotation("checkpoint-dir"),
-        cli="--checkpoint-dir", model="checkpoint_dir", slurm="CHECKPOINT_DIR in the script",
-        assignment=Absent("the agent takes no host path: a checkpoint is a volume and a path"),
-        template="checkpoint_dir",
+        name="volumes", kind="volumes",
+        help="the project's volumes to mount: name:/path/in/container[:ro] (repeat)",
+        default=(),
+        api_in="volumes", api_out="volumes", form="volumes",
+        manifest_in="spec.template.spec.volumes", manifest_out="spec.template.spec.volumes",
+        manifest_errors_at=f"{C}.volumeMounts",
+        cli="--volume", model="volumes", slurm="VOLUME_<NAME> in the script",
+        assignment="volumes", template="volumes",
+        mappers=(
+            "job_volumes.mounts_validate", "job_volumes.assignment_volumes",
+            "parse._volume_mounts", "export._volumes", "slurm.volume_script",
+        ),
     ),
     RequestField(
-        name="working_dir", kind="str", help="the command's working directory", default="",
+        name="checkpoint", kind="str",
+        help="where checkpoints go: <volume>:<path inside it> (CHECKPOINT_DIR points there)",
+        default="", max_length=600,
+        api_in="checkpoint", api_out="checkpoint", form="checkpoint",
+        manifest_in=annotation("checkpoint"), manifest_out=annotation("checkpoint"),
+        cli="--checkpoint", model="checkpoint", slurm="CHECKPOINT_DIR in the script",
+        assignment="checkpoint", template="checkpoint",
+        mappers=("job_volumes.checkpoint_container_path",),
+    ),
+    RequestField(
+        name="working_dir", kind="str",
+        help="the working directory in the container (default /workspace)", default="",
         max_length=MAX_PATH,
         api_in="working_dir", api_out="working_dir", form="working_dir",
         manifest_in=f"{C}.workingDir", manifest_out=f"{C}.workingDir", cli="--working-dir",
-        model="working_dir", slurm="--chdir", assignment="working_dir", template="working_dir",
+        model="working_dir",
+        slurm=Absent("a container path: a Slurm job runs in its own output directory"),
+        assignment="working_dir", template="working_dir",
     ),
     RequestField(
         name="env", kind="str_map", help="environment variables", default={},

@@ -17,6 +17,7 @@ from portal.models import Project, Role, User
 from portal.selectors import project_list_visible_to
 from portal.services import require_role
 from scheduler.job_request import Surface, carried_on
+from scheduler.job_volumes import volume_mount_text
 from scheduler.models import Job, JobTemplate, PriorityClass
 
 
@@ -32,6 +33,7 @@ BODY_MAPPERS: dict[str, Callable[[Any], Any]] = {
     "priority": lambda value: PriorityClass(value).name.lower(),
     "gpu_model": _name_of,
     "pool": _name_of,
+    "volumes": lambda value: [dict(m) for m in value or []],
 }
 
 
@@ -71,6 +73,7 @@ def form_initial(body: dict[str, Any], *, project_slug: str) -> dict[str, Any]:
         if body.get(seconds):
             initial[hours] = round(body[seconds] / 3600, 2)
     initial["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
+    initial["volumes"] = "\n".join(volume_mount_text(m) for m in body.get("volumes") or [])
     return initial
 
 

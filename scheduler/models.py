@@ -335,8 +335,17 @@ class Job(models.Model):
     # Write-only: shown masked to everyone (SECRET_MASK), sent only to the node that runs the job
     # in its assignment (and to the Slurm batch script of a Slurm pool's job).
     secret_env = models.JSONField(default=dict, blank=True)
-    working_dir = models.CharField(max_length=500, blank=True)
-    checkpoint_dir = models.CharField(max_length=500, blank=True)
+    # Storage (issue 27): the project's volumes at container paths ({name, path, read_only};
+    # scratch adds kind and size_gib), the checkpoint as "<volume>:<relative path>", and the
+    # working directory inside the container. None of them is ever a host path.
+    working_dir = models.CharField(
+        max_length=500, blank=True, help_text="In the container; blank: /workspace."
+    )
+    volumes = models.JSONField(default=list, blank=True)
+    checkpoint = models.CharField(max_length=600, blank=True)
+    # Jobs from before volumes named host paths (checkpoint_dir, working_dir): kept to be read
+    # on the job page, never sent to an agent or a Slurm script.
+    legacy_host_paths = models.JSONField(default=dict, blank=True)
 
     # What it needs
     gpus = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
@@ -482,6 +491,11 @@ class Job(models.Model):
     @property
     def runtime_estimate_text(self) -> str:
         return format_duration(self.runtime_estimate_s) if self.runtime_estimate_s else ""
+
+    @property
+    def has_checkpoint(self) -> bool:
+        """It checkpoints to a volume, so a restart resumes from it (`resume`)."""
+        return bool(self.checkpoint)
 
     @property
     def is_terminal(self) -> bool:

@@ -147,3 +147,13 @@ def _fresh_short_lived_cache():
 
 
 from tests.stack_fixtures import agents  # noqa: E402,F401
+
+
+@pytest.fixture
+def ckpt_volume(team: dict[str, object]) -> object:
+    """A shared volume `ckpt` in project A (jobs checkpoint to "ckpt:<path>")."""
+    from storage.models import Volume, VolumeKind
+
+    return Volume.objects.create(
+        project=team["a"], name="ckpt", kind=VolumeKind.SHARED, size_gib=10
+    )

@@ -22,6 +22,10 @@ class Agents:
     def __init__(self, url: str, workdir: Path) -> None:
         self.url = url
         self.workdir = workdir
+        # The shared storage of the pool: one directory every simulated node mounts at the same
+        # path (in production an NFS, Lustre or CephFS mount on each node; docs/storage.md).
+        self.shared_root = workdir / "shared"
+        self.shared_root.mkdir(mode=0o755, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, token: str, gpus: str, **extra: str) -> subprocess.Popen[bytes]:
@@ -44,6 +48,7 @@ class Agents:
             AGENT_DEFAULT_GRACE="5",
             AGENT_RUNTIME="process",
             AGENT_JOB_UID_BASE="0",
+            AGENT_SHARED_ROOT=str(self.shared_root),
             PYTHONUNBUFFERED="1",
         )
         env.update(extra)
@@ -89,7 +94,7 @@ FAST_AGENT_RATES = {
 
 
 @pytest.fixture
-def agents(live_server, monkeypatch) -> Iterator[Agents]:
+def agents(live_server, monkeypatch, settings) -> Iterator[Agents]:
     from scheduler.agent_api.views import AgentThrottle
 
     rates = AgentThrottle.THROTTLE_RATES  # DRF's, shared by every throttle class
@@ -97,6 +102,7 @@ def agents(live_server, monkeypatch) -> Iterator[Agents]:
     monkeypatch.setitem(rates, "agent", FAST_AGENT_RATES["RATE_AGENT"])
     with tempfile.TemporaryDirectory(prefix="agents-") as tmp:
         pool = Agents(live_server.url, Path(tmp))
+        settings.STORAGE_SHARED_ROOT = str(pool.shared_root)  # the portal sees the same files
         try:
             yield pool
         finally:

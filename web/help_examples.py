@@ -60,14 +60,16 @@ gpucloud dry-run --project "$GPUCLOUD_PROJECT" --name try --gpus 1 -- python tra
     Example(
         key="submit",
         title="Submit a job",
-        what="One GPU, preemptible (cheaper; may be paused and resumed from its checkpoint "
-        "directory). The answer is 201 with the job; send an Idempotency-Key to retry safely.",
+        what="One GPU, preemptible (cheaper; may be paused and resumed from its checkpoint, "
+        "kept at runs/train in the project's volume ckpt: create it once with "
+        "gpucloud volume create ckpt --size 10). The answer is 201 with the job; send an "
+        "Idempotency-Key to retry safely.",
         curl="""\
 curl -sS -X POST "$GPUCLOUD_URL/api/v1/jobs" \\
   -H "Authorization: Bearer $GPUCLOUD_TOKEN" -H "Content-Type: application/json" \\
   -H "Idempotency-Key: $(uuidgen 2>/dev/null || date +%s%N)" \\
   -d '{"project": "'"$GPUCLOUD_PROJECT"'", "name": "train", "command": "python train.py",
-       "gpus": 1, "preemptible": true, "checkpoint_dir": "/ckpt/train"}'""",
+       "gpus": 1, "preemptible": true, "checkpoint": "ckpt:runs/train"}'""",
         python="""\
 import os, uuid, requests
 
@@ -77,7 +79,7 @@ answer = requests.post(
     headers={"Authorization": f"Bearer {token}", "Idempotency-Key": str(uuid.uuid4())},
     json={"project": os.environ["GPUCLOUD_PROJECT"], "name": "train",
           "command": "python train.py", "gpus": 1, "preemptible": True,
-          "checkpoint_dir": "/ckpt/train"},
+          "checkpoint": "ckpt:runs/train"},
     timeout=30,
 )
 answer.raise_for_status()
@@ -85,7 +87,7 @@ job = answer.json()
 print("submitted job", job["id"], job["name"], "state:", job["state"])""",
         cli="""\
 gpucloud submit --project "$GPUCLOUD_PROJECT" --name train --gpus 1 --preemptible \\
-  --checkpoint-dir /ckpt/train -- python train.py""",
+  --checkpoint ckpt:runs/train -- python train.py""",
         expect="train",
     ),
     Example(

@@ -10,7 +10,7 @@ Chosen only explicitly (`AGENT_RUNTIME=process`). What fences the job here:
   (root:project gid 2770), nor signal the agent (another uid);
 - its volumes are at their host paths (`VOLUME_<NAME>`, `CHECKPOINT_DIR`): there is no mount
   namespace, so read-only is not enforced and the job starts in its workspace whatever its
-  `working_dir` (docs/storage-node.md);
+  `working_dir` (docs/storage.md);
 - every process of that uid is killed when the attempt ends, so a `setsid` child that left the
   process group does not outlive the job.
 

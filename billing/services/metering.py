@@ -48,7 +48,7 @@ class _Meterable(NamedTuple):
     job_id: int
     project_id: int
     preemptible: bool
-    checkpoint_dir: str
+    checkpoint: str
     borrowed: bool
     gpu_model_id: int
     share_milli: int
@@ -66,7 +66,7 @@ _METERABLE_COLUMNS = (
     "job_id",
     "job__project_id",
     "job__preemptible",
-    "job__checkpoint_dir",
+    "job__checkpoint",
     "borrowed",
     "gpu_model_id",
     "share_milli",
@@ -250,7 +250,7 @@ class _Slicer:
         credited = done and pricing.fault_credited(
             end_reason=alloc.end_reason,
             preemptible=preemptible,
-            has_checkpoint=bool(alloc.checkpoint_dir),
+            has_checkpoint=bool(alloc.checkpoint),
             corroborated=alloc.fault_corroborated_at is not None,
         )
         if credited:

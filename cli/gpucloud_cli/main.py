@@ -71,6 +71,33 @@ def _dependency(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def _volume_mount(text: str) -> dict[str, Any]:
+    """NAME[:/PATH][:ro][:scratch=GiB] → one of the API's `volumes` (the portal checks it)."""
+    name, *rest = text.strip().split(":")
+    out: dict[str, Any] = {"name": name}
+    for part in rest:
+        if part.startswith("/"):
+            out["path"] = part
+        elif part in ("ro", "rw"):
+            out["read_only"] = part == "ro"
+        elif part == "scratch" or part.startswith("scratch="):
+            out["kind"] = "scratch"
+            size = part.partition("=")[2]
+            if size:
+                if not size.isdigit():
+                    raise argparse.ArgumentTypeError(
+                        f"scratch=<GiB>, e.g. scratch=20, got {text!r}"
+                    )
+                out["size_gib"] = int(size)
+        else:
+            raise argparse.ArgumentTypeError(
+                f"expected NAME:/path/in/container[:ro], e.g. data:/data:ro, got {text!r}"
+            )
+    if not name:
+        raise argparse.ArgumentTypeError(f"name the volume first, got {text!r}")
+    return out
+
+
 # (flag, API field, argparse options) for the job fields submit and dry-run share.
 JOB_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--project", "project", {"help": "project slug"}),
@@ -99,8 +126,32 @@ JOB_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
         "time_limit_s",
         {"type": _duration, "help": "stop the job after this long: seconds, or 90m, 2h, 3d"},
     ),
-    ("--checkpoint-dir", "checkpoint_dir", {}),
-    ("--working-dir", "working_dir", {}),
+    (
+        "--volume",
+        "volumes",
+        {
+            "action": "append",
+            "type": _volume_mount,
+            "metavar": "NAME[:/PATH][:ro]",
+            "help": "mount the project's volume NAME at PATH in the container (default "
+            "/data/NAME), :ro for read-only; NAME:/PATH:scratch=GiB for a per-job scratch "
+            "volume (repeat)",
+        },
+    ),
+    (
+        "--checkpoint",
+        "checkpoint",
+        {
+            "metavar": "VOLUME:PATH",
+            "help": "checkpoints go to PATH inside the project's VOLUME (CHECKPOINT_DIR points "
+            "there; a restarted job resumes from it)",
+        },
+    ),
+    (
+        "--working-dir",
+        "working_dir",
+        {"help": "the working directory in the container (default /workspace)"},
+    ),
     ("--env", "env", {"action": "append", "type": _env_pair, "metavar": "NAME=VALUE"}),
     (
         "--secret-env",

@@ -32,6 +32,7 @@ from scheduler.agent_api.serializers import (
 )
 from scheduler.images import images_to_keep_pulled
 from scheduler.models import Node
+from scheduler.nodes.assignments import deleted_volumes_for
 
 
 class AgentPrincipal:
@@ -208,7 +209,10 @@ class HeartbeatView(AgentView):
         )
         if node is None:
             raise agent.refused()
-        return Response({"ok": True, "fenced": node.fenced, "images": images_to_keep_pulled()})
+        answer = {"ok": True, "fenced": node.fenced, "images": images_to_keep_pulled()}
+        if deleted := deleted_volumes_for(node):  # node-local volumes to remove (issue 27)
+            answer["deleted_volumes"] = deleted
+        return Response(answer)
 
 
 class AssignmentsView(AgentView):

@@ -99,6 +99,30 @@ class DependencySerializer(StrictSerializer):
     )
 
 
+class VolumeRequestSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=63, help_text="The project's volume (or a scratch's).")
+    path = serializers.CharField(
+        max_length=500, required=False, help_text="In the container; default /data/<name>."
+    )
+    # the request's name; DRF takes declared fields off the class, so Field.read_only stays a bool
+    read_only = serializers.BooleanField(default=False)  # type: ignore[assignment]
+    kind = serializers.ChoiceField(
+        choices=["scratch"],
+        required=False,
+        help_text="scratch: a per-job volume, not the project's.",
+    )
+    size_gib = serializers.IntegerField(
+        min_value=1, max_value=10_000, required=False, help_text="A scratch volume's size."
+    )
+
+
+# Keys that once took a host path: answered with what replaced them, never a silent default.
+RETIRED_KEYS = {
+    "checkpoint_dir": "Host paths are not accepted: checkpoints live on a volume. Give "
+    "checkpoint as '<volume>:<path inside it>', e.g. 'ckpt:runs/a'.",
+}
+
+
 # A job request as the API takes it: bounds and defaults from `scheduler.job_request`; the
 # fields that name catalog rows or parse a syntax are written here. (No docstring: it would
 # become the schema's description.)
@@ -130,8 +154,18 @@ class JobCreateSerializer(StrictSerializer):
     time_limit_s = serializers.IntegerField(
         **api_bounds("time_limit_s"), help_text=BY_NAME["time_limit_s"].help
     )
-    checkpoint_dir = serializers.CharField(**api_bounds("checkpoint_dir"))
-    working_dir = serializers.CharField(**api_bounds("working_dir"))
+    volumes = serializers.ListField(
+        child=VolumeRequestSerializer(),
+        max_length=16,
+        default=list,
+        help_text=BY_NAME["volumes"].help,
+    )
+    checkpoint = serializers.CharField(
+        **api_bounds("checkpoint"), help_text=BY_NAME["checkpoint"].help
+    )
+    working_dir = serializers.CharField(
+        **api_bounds("working_dir"), help_text=BY_NAME["working_dir"].help
+    )
     env = serializers.DictField(
         child=serializers.CharField(max_length=4096, allow_blank=True), default=dict
     )
@@ -161,6 +195,11 @@ class JobCreateSerializer(StrictSerializer):
         help_text="A pool by name (e.g. a Slurm-backed one); blank: any pool of our agents.",
     )
 
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict) and (retired := sorted(set(data) & set(RETIRED_KEYS))):
+            raise serializers.ValidationError({key: [RETIRED_KEYS[key]] for key in retired})
+        return super().to_internal_value(data)
+
     def to_spec(self, source: str = Job.Source.API) -> tuple[str, JobSpec]:
         return spec_from_validated(self.validated_data, source)
 
@@ -174,6 +213,7 @@ def spec_from_validated(
     d["priority"] = PriorityClass[d["priority"].upper()].value
     d["precisions"] = tuple(d.get("precisions", ()))
     d["dependencies"] = tuple((x["type"], x["job"]) for x in d.get("dependencies", ()))
+    d["volumes"] = tuple(dict(v) for v in d.get("volumes", ()))
     return project, JobSpec(**d, source=source)
 
 
@@ -254,7 +294,8 @@ class JobSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):  # type:
             "borrowed",
             "runtime_estimate_s",
             "time_limit_s",
-            "checkpoint_dir",
+            "volumes",
+            "checkpoint",
             "max_restarts",
             "restarts",
             "elastic_min",
@@ -385,6 +426,11 @@ class JobDetailSerializer(JobSerializer):
     )
     cost = serializers.SerializerMethodField()
     dependencies = serializers.SerializerMethodField()
+    legacy_host_paths = serializers.DictField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="A job from before volumes: the host paths it named (never used again).",
+    )
 
     class Meta(JobSerializer.Meta):
         fields = [
@@ -392,6 +438,7 @@ class JobDetailSerializer(JobSerializer):
             "env",
             "secret_env",
             "working_dir",
+            "legacy_host_paths",
             "placement",
             "members",
             "resize",

@@ -22,6 +22,7 @@ from scheduler.core.plan import Plan
 from scheduler.core.planning.decisions import Placement, Resize
 from scheduler.core.reasons import PendingReason
 from scheduler.cycle.state import CycleInput, from_ts
+from scheduler.cycle.volumes import volumes_bind
 from scheduler.models import STOPPABLE_STATES, Allocation, Gpu, Job, JobState, Node
 from scheduler.transitions import job_transition, jobs_changed, jobs_transition_bulk
 
@@ -57,7 +58,13 @@ def apply_plan(decided: Plan, state: CycleInput, *, now: datetime) -> CycleResul
     """
     if not decided.placements and not decided.preemptions and not decided.resizes:
         return CycleResult(pending=len(decided.pending))
-    return _apply_plan_locked(decided, now=now, holds=state.holds, project_of=state.project_of)
+    return _apply_plan_locked(
+        decided,
+        now=now,
+        holds=state.holds,
+        project_of=state.project_of,
+        unbound=state.unbound_volumes,
+    )
 
 
 @transaction.atomic
@@ -67,6 +74,7 @@ def _apply_plan_locked(
     now: datetime,
     holds: dict[int, list[elastic.Held]],
     project_of: dict[int, int],
+    unbound: dict[int, list[tuple[int, str]]] | None = None,
 ) -> CycleResult:
     """The plan's writes in named steps: lock the GPUs, see what is on them now, take each
     placement that still fits, write them, then the resizes and the preemptions."""
@@ -75,7 +83,7 @@ def _apply_plan_locked(
     locked = _lock_gpus(touched)
     use = _gpu_use(touched, locked, holds=holds, now=now)
     now = use.now
-    placed = _take_placements(decided, locked, use, result)
+    placed = _take_placements(decided, locked, use, result, unbound or {})
     _write_placements(placed, now=now, project_of=project_of)
     for resize in decided.resizes:
         if elastic.resize_planned(resize, now=now):
@@ -156,7 +164,11 @@ _TAKEN_BEFORE_PLACED = (
 
 
 def _take_placements(
-    decided: Plan, locked: dict[int, _LockedGpu], use: _GpuUse, result: CycleResult
+    decided: Plan,
+    locked: dict[int, _LockedGpu],
+    use: _GpuUse,
+    result: CycleResult,
+    unbound: dict[int, list[tuple[int, str]]],
 ) -> _Placed:
     """Step 3: take each placement whose job is still queued and whose GPUs still fit it."""
     placing = {
@@ -182,6 +194,14 @@ def _take_placements(
         if not _still_fits(placement, locked, use):
             result.dropped.append(job_id)
             result.waiting[job_id] = _TAKEN_BEFORE_PLACED
+            continue
+        if job_id in unbound and (
+            why := volumes_bind(
+                job_id, unbound[job_id], {locked[s.gpu_id].node_name for s in placement.shares}
+            )
+        ):
+            result.dropped.append(job_id)
+            result.waiting[job_id] = (PendingReason.NODE_CONSTRAINTS.value, f"Waiting: {why}")
             continue
         _take(placement, row, locked, use, placed)
         result.placed.append(job_id)

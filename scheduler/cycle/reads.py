@@ -202,6 +202,8 @@ class QueuedJobRow(NamedTuple):
     queue_position: int | None
     estimated_start_at: datetime | None
     gpu_models_json: str  # as text, like precisions: the any-of model set of a manifest job
+    volumes_json: str  # as text: most jobs mount none ("[]"), decoded only when some
+    checkpoint: str
 
 
 QUEUED_JOBS = CompiledQuery(
@@ -237,6 +239,8 @@ QUEUED_JOBS = CompiledQuery(
             "queue_position",
             "estimated_start_at",
             Cast("gpu_models", output_field=TextField()),
+            Cast("volumes", output_field=TextField()),
+            "checkpoint",
         )
     ),
     row=QueuedJobRow,

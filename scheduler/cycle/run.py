@@ -82,7 +82,7 @@ def _requeue_overdue_preemptions(cutoff: datetime) -> list[int]:
             elastic.resize_unconfirmed(job)
             requeued.append(job.pk)
             continue
-        job.resume = bool(job.checkpoint_dir)
+        job.resume = job.has_checkpoint
         job_transition(
             job=job,
             to=JobState.QUEUED,

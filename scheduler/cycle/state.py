@@ -31,6 +31,7 @@ from scheduler.core.model import (
     memory_gb_as_mib,
     planned_runtime_s,
 )
+from scheduler.cycle.volumes import pinned, volume_pins
 from scheduler.models import (
     Gpu,
     Job,
@@ -68,6 +69,8 @@ class CycleInput:
     holds: dict[int, list[elastic.Held]] = field(default_factory=dict)
     # Each queued job's project id, for the pages told of what the cycle did to it.
     project_of: dict[int, int] = field(default_factory=dict)
+    # Queued jobs that mount node-local volumes with no node yet: apply binds them.
+    unbound_volumes: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobRequest:
@@ -101,6 +104,8 @@ def job_request(job: Job, *, preempted_by: frozenset[int] = frozenset()) -> JobR
             queue_position=job.queue_position,
             estimated_start_at=job.estimated_start_at,
             gpu_models_json="",
+            volumes_json=json.dumps(job.volumes or []),
+            checkpoint=job.checkpoint,
         ),
         frozenset(job.precisions),
         preempted_by,
@@ -231,6 +236,7 @@ def build_state(
         pending_now=queued.pending_now,
         holds=in_use.holds,
         project_of=queued.project_of,
+        unbound_volumes=queued.unbound_volumes,
     )
 
 
@@ -413,6 +419,7 @@ class _Queued:
     )
     project_of: dict[int, int] = field(default_factory=dict)
     project_ids: set[int] = field(default_factory=set)
+    unbound_volumes: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 def _recent_preemptors(*, now: datetime) -> dict[int, set[int]]:
@@ -460,6 +467,13 @@ def _queued(*, now: datetime, extra_jobs: list[Job]) -> _Queued:
         out.queue.append(job_request(extra))
         if extra.project_id:
             out.project_ids.add(extra.project_id)
+    mounting = [(r.pk, r.project_id, r.volumes_json, r.checkpoint) for r in queued]
+    mounting += [
+        (e.pk, e.project_id, json.dumps(e.volumes or []), e.checkpoint) for e in extra_jobs
+    ]
+    pins = volume_pins(mounting)
+    out.queue = pinned(out.queue, pins)
+    out.unbound_volumes = pins.unbound
     return out
 
 

@@ -77,26 +77,47 @@ def _affinity(job: Job) -> dict[str, Any] | None:
     }
 
 
+def _volumes(job: Job) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the container's mounts: the project's volumes as claims of the
+    same name, scratch as a disk emptyDir with its sizeLimit, shared memory at /dev/shm."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for m in job.volumes or []:
+        if m.get("kind") == "scratch":
+            volumes.append({"name": m["name"], "emptyDir": {"sizeLimit": f"{m['size_gib']}Gi"}})
+        else:
+            volumes.append({"name": m["name"], "persistentVolumeClaim": {"claimName": m["name"]}})
+        mount = {"name": m["name"], "mountPath": m["path"]}
+        if m.get("read_only"):
+            mount["readOnly"] = True
+        mounts.append(mount)
+    if job.shm_mib:
+        mounts.append({"name": "dshm", "mountPath": SHM_PATH})
+        volumes.append(
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": mib_quantity(job.shm_mib)},
+            }
+        )
+    return volumes, mounts
+
+
 def job_manifest(job: Job) -> dict[str, Any]:
     """The batch/v1 Job a job (an array's first shard: the whole array) amounts to."""
     container = _container(job)
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     if (affinity := _affinity(job)) is not None:
         pod["affinity"] = affinity
-    if job.shm_mib:
-        container["volumeMounts"] = [{"name": "dshm", "mountPath": SHM_PATH}]
-        pod["volumes"] = [
-            {
-                "name": "dshm",
-                "emptyDir": {"medium": "Memory", "sizeLimit": mib_quantity(job.shm_mib)},
-            }
-        ]
+    volumes, mounts = _volumes(job)
+    if volumes:
+        container["volumeMounts"] = mounts
+        pod["volumes"] = volumes
     annotations = {
         f"{ANNOTATION}priority": PriorityClass(job.priority).name.lower(),
         f"{ANNOTATION}preemptible": "true" if job.preemptible else "false",
     }
-    if job.checkpoint_dir:
-        annotations[f"{ANNOTATION}checkpoint-dir"] = job.checkpoint_dir
+    if job.checkpoint:
+        annotations[f"{ANNOTATION}checkpoint"] = job.checkpoint
     if job.precisions:
         annotations[f"{ANNOTATION}precisions"] = ",".join(job.precisions)
     for field in NUMBER_FIELDS:  # the whole-number annotations, unless at their default

@@ -25,6 +25,7 @@ from scheduler.job_request import (
     manifest_error_path,
     manifest_number_annotations,
 )
+from scheduler.job_volumes import DEFAULT_SCRATCH_GIB
 from scheduler.manifests.fields import (
     GPU,
     GPU_LABELS,
@@ -89,7 +90,7 @@ WHY_RUNTIME = "every job runs with the GPU container runtime."
 WHY_PULL = "the node pulls images with its own settings."
 WHY_PROBES = "a batch job runs to completion; nothing routes traffic to it."
 WHY_GRACE = "the pool's grace period applies when a job is stopped."
-WHY_DISK_EMPTYDIR = "the container's own filesystem is writable scratch space, gone when it ends."
+
 WHY_SECURITY = "every job runs unprivileged, as the node's job user."
 WHY_PREFERRED = "a preference, not a requirement: the pool's scorer places jobs."
 WHY_PRIORITY = f"use the {ANNOTATION}priority annotation (low, normal, high, urgent)."
@@ -98,7 +99,18 @@ WHY_EPHEMERAL_STORAGE = "scratch space is not metered or limited per job."
 WHY_QUEUE = "the portal's queue and the project's quota decide, not a Kueue LocalQueue."
 
 REFUSE_NOT_SUPPORTED = "is not supported by the portal."
-REFUSE_VOLUME = "only emptyDir volumes are offered (until projects have data volumes)."
+REFUSE_VOLUME = (
+    "only the project's volumes (persistentVolumeClaim.claimName names one) and emptyDir are "
+    "offered."
+)
+REFUSE_HOST_PATH = (
+    "a job never mounts a host path: create a project volume (gpucloud volume create) and "
+    "name it in persistentVolumeClaim.claimName."
+)
+REFUSE_CHECKPOINT_DIR = (
+    "a host path is never accepted: checkpoints live on a volume; use the "
+    f"{ANNOTATION}checkpoint annotation ('<volume>:<path inside it>')."
+)
 
 IGNORED_POD = {
     "serviceAccount": WHY_NO_CLUSTER,
@@ -278,15 +290,18 @@ class _Reader:
                 )
 
     def volumes(self, volumes: list[dict[str, Any]], path: str) -> dict[str, dict[str, Any]]:
-        """The emptyDir volumes by name; every other kind is refused."""
+        """The pod's volumes by name, as {kind: its object}: emptyDir, or persistentVolumeClaim
+        (the project's volume of that claim name); every other kind is refused, hostPath with
+        why."""
         out: dict[str, dict[str, Any]] = {}
         for i, volume in enumerate(volumes):
             kinds = [k for k, v in volume.items() if k != "name" and v is not None]
-            if kinds == ["emptyDir"]:
-                out[str(volume.get("name"))] = volume["emptyDir"] or {}
-            else:
-                for kind in kinds or ["(none)"]:
-                    self.refuse(f"{path}[{i}].{kind}", REFUSE_VOLUME)
+            if kinds in (["emptyDir"], ["persistentVolumeClaim"]):
+                out[str(volume.get("name"))] = {kinds[0]: volume[kinds[0]] or {}}
+                continue
+            for kind in kinds or ["(none)"]:
+                why = REFUSE_HOST_PATH if kind == "hostPath" else REFUSE_VOLUME
+                self.refuse(f"{path}[{i}].{kind}", why)
         return out
 
 
@@ -524,7 +539,7 @@ def _job_fields(r: _Reader, spec: dict[str, Any], pod: dict[str, Any]) -> None:
 
 
 def _pod_fields(r: _Reader, pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pod's keys, its node choice; returns its emptyDir volumes by name."""
+    """The pod's keys, its node choice; returns its volumes by name."""
     walk(r, pod, POD, POD_KEYS, OTHER_POD_KEY)
     if pod.get("nodeSelector"):
         r.node_selector(pod["nodeSelector"], f"{POD}.nodeSelector")
@@ -680,35 +695,75 @@ def _shm_size(r: _Reader, vol_name: str, empty_dir: dict[str, Any]) -> int:
     return 0
 
 
-def _volume_mounts(r: _Reader, c: dict[str, Any], empty_dirs: dict[str, dict[str, Any]]) -> None:
-    """emptyDir only; a memory-backed one at /dev/shm is shared memory (shm_mib)."""
-    shm_mib = 0
-    mounted: set[str] = set()
-    for i, mount in enumerate(c.get("volumeMounts") or []):
-        where = f"{CONTAINER}.volumeMounts[{i}]"
-        vol_name, mount_path = str(mount.get("name")), str(mount.get("mountPath"))
-        mounted.add(vol_name)
-        for key, value in mount.items():
-            if key not in ("name", "mountPath", "readOnly") and value not in (None, ""):
-                r.refuse(f"{where}.{key}", REFUSE_NOT_SUPPORTED)
-        if vol_name not in empty_dirs:
-            if not any(f["field"].startswith(f"{POD}.volumes") for f in r.refused):
-                r.refuse(f"{where}.name", f"no emptyDir volume named '{vol_name}'.")
-            continue
-        empty_dir = empty_dirs[vol_name]
-        if empty_dir.get("medium") != "Memory":
-            r.ignore(f"{where}", f"{mount_path}: {WHY_DISK_EMPTYDIR}")
-        elif mount_path.rstrip("/") != SHM_PATH:
+def _scratch_gib(r: _Reader, vol_name: str, empty_dir: dict[str, Any]) -> int:
+    """A disk emptyDir's size in GiB (rounded up): its sizeLimit, else the default scratch."""
+    size = empty_dir.get("sizeLimit")
+    if size is None:
+        return DEFAULT_SCRATCH_GIB
+    try:
+        return max(1, -(-memory_mib(size) // 1024))
+    except QuantityError as exc:
+        r.refuse(f"{POD}.volumes.{vol_name}.emptyDir.sizeLimit", f"{exc}.")
+        return DEFAULT_SCRATCH_GIB
+
+
+def _volume_mount(
+    r: _Reader, where: str, mount: dict[str, Any], volume: dict[str, Any], vol_name: str
+) -> dict[str, Any] | None:
+    """One mount as a request's volume (None: shared memory, or refused)."""
+    mount_path = str(mount.get("mountPath"))
+    read_only = bool(mount.get("readOnly"))
+    if "persistentVolumeClaim" in volume:
+        claim = volume["persistentVolumeClaim"]
+        name = str(claim.get("claimName") or "")
+        if not name:
+            r.refuse(f"{POD}.volumes.{vol_name}.persistentVolumeClaim.claimName", "name a volume.")
+            return None
+        return {
+            "name": name,
+            "path": mount_path,
+            "read_only": read_only or bool(claim.get("readOnly")),
+        }
+    empty_dir = volume["emptyDir"]
+    if empty_dir.get("medium") == "Memory":
+        if mount_path.rstrip("/") != SHM_PATH:
             r.refuse(
                 f"{where}.mountPath",
                 f"'{mount_path}': a memory-backed volume is offered at {SHM_PATH} only.",
             )
         else:
-            shm_mib = _shm_size(r, vol_name, empty_dir)
-    for vol_name in empty_dirs:
+            r.values["shm_mib"] = _shm_size(r, vol_name, empty_dir)
+        return None
+    size = _scratch_gib(r, vol_name, empty_dir)
+    return {
+        "name": vol_name, "path": mount_path, "read_only": read_only, "kind": "scratch",
+        "size_gib": size,
+    }  # fmt: skip
+
+
+def _volume_mounts(r: _Reader, c: dict[str, Any], pod_volumes: dict[str, dict[str, Any]]) -> None:
+    """The project's volumes (claims), scratch (a disk emptyDir) and shared memory (a memory
+    emptyDir at /dev/shm, shm_mib)."""
+    r.values["shm_mib"] = 0
+    volumes: list[dict[str, Any]] = []
+    mounted: set[str] = set()
+    for i, mount in enumerate(c.get("volumeMounts") or []):
+        where = f"{CONTAINER}.volumeMounts[{i}]"
+        vol_name = str(mount.get("name"))
+        mounted.add(vol_name)
+        for key, value in mount.items():
+            if key not in ("name", "mountPath", "readOnly") and value not in (None, ""):
+                r.refuse(f"{where}.{key}", REFUSE_NOT_SUPPORTED)
+        if vol_name not in pod_volumes:
+            if not any(f["field"].startswith(f"{POD}.volumes") for f in r.refused):
+                r.refuse(f"{where}.name", f"no volume named '{vol_name}' in the pod.")
+            continue
+        if (entry := _volume_mount(r, where, mount, pod_volumes[vol_name], vol_name)) is not None:
+            volumes.append(entry)
+    for vol_name in pod_volumes:
         if vol_name not in mounted:
             r.ignore(f"{POD}.volumes.{vol_name}", "not mounted by the container.")
-    r.values["shm_mib"] = shm_mib
+    r.values["volumes"] = tuple(volumes)
 
 
 def _gpu_models(r: _Reader) -> None:
@@ -752,7 +807,11 @@ def _annotations(r: _Reader, annotations: dict[str, Any]) -> None:
             else:
                 r.refuse(f"metadata.annotations.{key}", "a whole number.")
     for key in annotations:
-        if str(key).startswith(ANNOTATION) and str(key)[len(ANNOTATION) :] not in KNOWN_ANNOTATIONS:
+        if key == f"{ANNOTATION}checkpoint-dir":
+            r.refuse(f"metadata.annotations.{key}", REFUSE_CHECKPOINT_DIR)
+        elif (
+            str(key).startswith(ANNOTATION) and str(key)[len(ANNOTATION) :] not in KNOWN_ANNOTATIONS
+        ):
             r.refuse(
                 f"metadata.annotations.{key}",
                 f"unknown; the {ANNOTATION} annotations are " + ", ".join(KNOWN_ANNOTATIONS) + ".",
@@ -768,7 +827,7 @@ def _annotations(r: _Reader, annotations: dict[str, Any]) -> None:
         "priority": PriorityClass[priority_name].value,
         "preemptible": str(annotations.get(f"{ANNOTATION}preemptible", "false")).lower() == "true",
         "precisions": tuple(p for p in precisions.replace(" ", "").split(",") if p),
-        "checkpoint_dir": str(annotations.get(f"{ANNOTATION}checkpoint-dir") or ""),
+        "checkpoint": str(annotations.get(f"{ANNOTATION}checkpoint") or ""),
     }
 
 
@@ -780,13 +839,13 @@ def manifest_read(doc: dict[str, Any], catalog: list[GpuModel]) -> _Reader:
     pod = (spec.get("template") or {}).get("spec") or {}
     _job_meta(r, doc)
     _job_fields(r, spec, pod)
-    empty_dirs = _pod_fields(r, pod)
+    pod_volumes = _pod_fields(r, pod)
     c = _container(r, pod)
     _security(r, c)
     _command(r, c, given=bool(pod.get("containers")))
     _env(r, c)
     _resources(r, c)
-    _volume_mounts(r, c, empty_dirs)
+    _volume_mounts(r, c, pod_volumes)
     _gpu_models(r)
     _annotations(r, (doc.get("metadata") or {}).get("annotations") or {})
     return r

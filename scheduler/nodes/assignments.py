@@ -7,12 +7,21 @@ agents syncing) and `bench.agent_requests` measure it.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, NamedTuple
 
+from django.utils import timezone
+
 from agent.protocol import Assignment as AssignmentMessage
+from agent.protocol import CheckpointPlace
 from portal.db import CompiledQuery
 from scheduler.gangs import rendezvous_env, single_node_env
+from scheduler.job_volumes import assignment_volumes, checkpoint_split
 from scheduler.models import ACTIVE_STATES, Allocation, JobState, Node
+from storage.models import LIVE_STATES, Volume, VolumeKind, VolumeState
+
+# How long the heartbeat keeps naming a deleted node-local volume (the agent may be down).
+DELETED_VOLUME_NOTICE = timedelta(days=1)
 
 
 class AssignedRow(NamedTuple):
@@ -27,7 +36,8 @@ class AssignedRow(NamedTuple):
     command: str
     env: dict[str, Any]
     secret_env: dict[str, Any]
-    checkpoint_dir: str
+    volumes: list[dict[str, Any]]
+    checkpoint: str
     resume: bool
     shard_index: int | None
     shard_count: int | None
@@ -63,7 +73,8 @@ _ASSIGNED = CompiledQuery(
             "job__command",
             "job__env",
             "job__secret_env",
-            "job__checkpoint_dir",
+            "job__volumes",
+            "job__checkpoint",
             "job__resume",
             "job__shard_index",
             "job__shard_count",
@@ -96,14 +107,13 @@ def assignments_for(node: Node) -> list[AssignmentMessage]:
         [job_id for job_id, rows in by_job.items() if rows[0].rendezvous_port is not None],
         node.pk,
     )
+    volumes = _volume_rows([row for rows in by_job.values() for row in rows[:1]])
     out: list[AssignmentMessage] = []
     for job_id, rows in by_job.items():
         first = rows[0]
         # the job's secret values reach only this node, the one that runs it
         env = {str(k): str(v) for k, v in {**first.env, **(first.secret_env or {})}.items()}
         env["JOB_ID"] = str(job_id)
-        if first.checkpoint_dir:
-            env["CHECKPOINT_DIR"] = first.checkpoint_dir
         env["RESUME"] = "1" if first.resume else "0"
         if first.shard_index is not None:
             env["SHARD_INDEX"] = str(first.shard_index)
@@ -130,11 +140,55 @@ def assignments_for(node: Node) -> list[AssignmentMessage]:
                 "cpu_milli": first.cpu_milli,
                 "memory_mib": first.job_memory_mib,
                 "shm_mib": first.shm_mib,
-                # storage (issue 27): the agent derives every host path itself; volumes and
-                # the checkpoint's place come with the job request's volumes
+                # storage (issue 27): ids, kinds, container paths and limits; the agent derives
+                # every host path itself (its CHECKPOINT_DIR is the checkpoint's container path)
                 "project_id": first.project_id,
-                "volumes": [],
-                "checkpoint": None,
+                "volumes": assignment_volumes(
+                    first.volumes or [], volumes.get(first.project_id, {})
+                ),
+                "checkpoint": _checkpoint(first.checkpoint),
             }
         )
     return out
+
+
+def _volume_rows(firsts: list[AssignedRow]) -> dict[int, dict[str, Volume]]:
+    """The live project volumes the jobs mount: project id → name → volume (one query, none
+    when no job mounts one)."""
+    wanted = {
+        (row.project_id, m["name"])
+        for row in firsts
+        for m in row.volumes or []
+        if m.get("kind") != "scratch"
+    }
+    if not wanted:
+        return {}
+    out: dict[int, dict[str, Volume]] = {}
+    rows = Volume.objects.filter(
+        project_id__in={p for p, _ in wanted},
+        name__in={n for _, n in wanted},
+        state__in=LIVE_STATES,
+    ).only("pk", "project_id", "name", "kind", "size_gib", "is_dataset")
+    for v in rows:
+        out.setdefault(v.project_id, {})[v.name] = v
+    return out
+
+
+def _checkpoint(checkpoint: str) -> CheckpointPlace | None:
+    place = checkpoint_split(checkpoint)
+    return None if place is None else {"volume": place[0], "path": place[1]}
+
+
+def deleted_volumes_for(node: Node) -> list[int]:
+    """Node-local volumes on this node that the portal deleted: the heartbeat answer's
+    `deleted_volumes` (the agent removes their directories; idempotent, so a volume is named
+    until a day after its deletion)."""
+    since = timezone.now() - DELETED_VOLUME_NOTICE
+    return list(
+        Volume.objects.filter(
+            kind=VolumeKind.NODE_LOCAL,
+            node_name=node.name,
+            state=VolumeState.DELETED,
+            deleted_at__gte=since,
+        ).values_list("pk", flat=True)[:1000]
+    )

@@ -27,10 +27,10 @@ def requeue_after_fault(job: Job, why: str, *, end_reason: str, actor: str) -> N
     if job.is_terminal or job.state == JobState.LOST:
         return
     job_transition(job=job, to=JobState.LOST, reason=why, actor_label=actor, end_reason=end_reason)
-    restartable = job.preemptible or bool(job.checkpoint_dir) or job.restarts < job.max_restarts
+    restartable = job.preemptible or job.has_checkpoint or job.restarts < job.max_restarts
     if restartable and job.restarts < MAX_FAULT_RESTARTS:
         job.restarts += 1
-        job.resume = bool(job.checkpoint_dir)
+        job.resume = job.has_checkpoint
         job_transition(
             job=job,
             to=JobState.QUEUED,
@@ -41,7 +41,7 @@ def requeue_after_fault(job: Job, why: str, *, end_reason: str, actor: str) -> N
         )
     else:
         job.failure_reason = (
-            f"{why}; the job may not restart (no checkpoint directory, not preemptible, "
+            f"{why}; the job may not restart (no checkpoint volume, not preemptible, "
             "no restarts left)"
         )[:500]
         job_transition(

@@ -339,7 +339,7 @@ def _gang_member_exited(
 
 def _preempted_requeue(job: Job, *, label: str, data: dict[str, Any]) -> None:
     """The preempted job stopped: it waits again, to resume from its checkpoint if it has one."""
-    job.resume = bool(job.checkpoint_dir)
+    job.resume = job.has_checkpoint
     job.preempt_deadline = None
     how = "resumes from its checkpoint" if job.resume else "restarts from the beginning"
     job_transition(
@@ -383,7 +383,7 @@ def _failed(
     what, limit_hit = _failure_text(report, node, gang=gang)
     if job.restarts < job.max_restarts and job.state == JobState.RUNNING and limit_hit is None:
         job.restarts += 1
-        job.resume = bool(job.checkpoint_dir)
+        job.resume = job.has_checkpoint
         job_transition(
             job=job,
             to=JobState.QUEUED,

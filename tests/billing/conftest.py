@@ -53,7 +53,7 @@ def place(lab):
                 gpu_milli=share,
                 gpu_model=gpu.model,
                 preemptible=preemptible,
-                checkpoint_dir=checkpoint,
+                checkpoint=checkpoint,
                 state=JobState.RUNNING if end is None else JobState.SUCCEEDED,
             )
         return Allocation.objects.create(

@@ -333,3 +333,30 @@ def test_logs_say_when_output_passed_the_log_quota(logged_in):
     result = logged_in("logs", str(job.pk))
     assert result.returncode == 0 and result.stdout == "kept\n"
     assert "[log truncated: this job's output reached its log quota of 1 MiB" in result.stderr
+
+
+def test_submit_mounts_volumes_and_checkpoints_to_one(logged_in, team):
+    from storage.models import FillState, Volume
+
+    Volume.objects.create(project=team["a"], name="ckpt", kind="shared", size_gib=1)
+    Volume.objects.create(
+        project=team["a"], name="ds", kind="shared", size_gib=1, is_dataset=True,
+        fill_state=FillState.READY,
+    )  # fmt: skip
+    logged_in.ok(
+        "submit", "--project", "alpha", "--name", "v", "--volume", "ds:/in:ro",
+        "--volume", "tmp:/scratch:scratch=3", "--checkpoint", "ckpt:runs/v",
+        "--working-dir", "/data/ckpt", "--", "python", "train.py",
+    )  # fmt: skip
+    job = Job.objects.get()
+    assert job.volumes == [
+        {"name": "ds", "path": "/in", "read_only": True},
+        {"name": "tmp", "path": "/scratch", "read_only": False, "kind": "scratch", "size_gib": 3},
+        {"name": "ckpt", "path": "/data/ckpt", "read_only": False},
+    ]
+    assert (job.checkpoint, job.working_dir) == ("ckpt:runs/v", "/data/ckpt")
+    refused = logged_in("submit", "--project", "alpha", "--name", "h", "--working-dir", "/root",
+                        "--", "true")  # fmt: skip
+    assert refused.returncode == 1 and "working_dir" in refused.stderr, refused.stderr
+    bad = logged_in("submit", "--project", "alpha", "--volume", "ds:data", "--", "true")
+    assert bad.returncode == 2 and "NAME:/path" in bad.stderr

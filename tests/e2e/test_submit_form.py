@@ -9,6 +9,7 @@ import re
 import pytest
 
 from scheduler.models import Job, Quota
+from storage.models import Volume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -48,6 +49,7 @@ def test_submit_is_reachable_at_the_bottom_of_the_form(page, team, fleet):
 
 def test_a_rejected_dry_run_turns_submit_off_and_keeps_every_input(page, team, fleet):
     Quota.objects.filter(project=team["a"]).update(max_gpus=2, allow_borrowing=False)
+    Volume.objects.create(project=team["a"], name="ckpt", kind="shared", size_gib=1)
     _log_in(page, team["member"])
     page.goto("/jobs/new/")
     page.select_option("#id_project", "alpha")
@@ -56,7 +58,7 @@ def test_a_rejected_dry_run_turns_submit_off_and_keeps_every_input(page, team, f
     page.fill("#id_image", "localhost/gpucloud-job:latest")
     page.check("#gm-H100-80GB-SXM")
     page.fill("#id_runtime_estimate_h", "2")
-    page.fill("#id_checkpoint_dir", "/ckpt/too-big")
+    page.fill("#id_checkpoint", "ckpt:too-big")
     page.fill("#id_env", "SEED=7\nMODE=full")
     page.fill("#id_gpus", "4")
     page.locator("#id_gpus").dispatch_event("change")
@@ -75,7 +77,7 @@ def test_a_rejected_dry_run_turns_submit_off_and_keeps_every_input(page, team, f
     assert page.is_checked("#gm-H100-80GB-SXM")
     assert page.input_value("#id_gpus") == "4"
     assert page.input_value("#id_runtime_estimate_h") == "2"
-    assert page.input_value("#id_checkpoint_dir") == "/ckpt/too-big"
+    assert page.input_value("#id_checkpoint") == "ckpt:too-big"
     assert page.input_value("#id_env") == "SEED=7\nMODE=full"
     # pressing Enter in a field does not submit it either
     page.locator("#id_name").press("Enter")

@@ -153,7 +153,7 @@ def _job_bodies() -> st.SearchStrategy[Any]:
         "runtime_estimate_s": 60,
         "cpu_milli": 1000,
         "memory_mib": 1024,
-        "checkpoint_dir": "",
+        "checkpoint": "",
     }
     fields = {k: maybe(v) for k, v in valid.items()}
     keys = list(valid)

@@ -14,7 +14,7 @@ from scheduler.nodes import assignments_for, node_issue_agent_token
 from scheduler.nodes.reports import ExitReport, job_exited, job_started
 from scheduler.services import catalog_seed, node_register_simulated
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ckpt_volume")]
 
 
 def submit(team, *, min_runtime_s: int | None = None, **spec) -> Job:
@@ -150,7 +150,7 @@ def test_a_lost_node_requeues_the_whole_gang(gang):
     from scheduler.nodes.faults import requeue_after_fault
 
     job = gang["job"]
-    Job.objects.filter(pk=job.pk).update(checkpoint_dir="/ckpt")
+    Job.objects.filter(pk=job.pk).update(checkpoint="ckpt:ckpt")
     start_everywhere(job)
     job = Job.objects.get(pk=job.pk)
     requeue_after_fault(job, "node h2 lost", end_reason="node_lost", actor="health")
@@ -197,7 +197,7 @@ def test_elastic_shrink_blocker_and_waiting_job_do_not_livelock(team, two_eights
         elastic_min=2,
         elastic_max=4,
         min_runtime_s=0,
-        checkpoint_dir="/ckpt",
+        checkpoint="ckpt:ckpt",
     )
     blocker = submit(team, name="blocker", gpus=8)
     run_cycle()
@@ -252,7 +252,7 @@ def test_elastic_job_grows_into_idle_gpus_when_nothing_waits(team, two_eights):
         elastic_min=2,
         elastic_max=8,
         min_runtime_s=0,
-        checkpoint_dir="/ckpt",
+        checkpoint="ckpt:ckpt",
     )
     filler = submit(team, name="filler", gpus=2, runtime_estimate_s=60)
     run_cycle()
@@ -287,7 +287,7 @@ def growing(team, two_eights):
         elastic_min=2,
         elastic_max=8,
         min_runtime_s=0,
-        checkpoint_dir="/ckpt",
+        checkpoint="ckpt:ckpt",
     )
     filler = submit(team, name="filler", gpus=2, runtime_estimate_s=60)
     run_cycle()
@@ -374,7 +374,7 @@ def test_a_resize_cut_short_by_a_lost_node_leaves_no_resize_behind(team, growing
 
 
 def test_users_resize_through_the_api_within_the_elastic_range(team, fleet, api):
-    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint_dir="/ckpt")
+    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint="ckpt:ckpt")
     plain = submit(team, name="plain", gpus=1)
     run_cycle()
     start_everywhere(elastic)
@@ -416,7 +416,7 @@ def test_the_job_page_shows_the_members_their_nodes_and_states(gang, client):
 
 
 def test_the_job_page_resizes_an_elastic_job(team, fleet, client):
-    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint_dir="/c")
+    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint="ckpt:c")
     run_cycle()
     start_everywhere(elastic)
     client.force_login(team["member"])
@@ -433,7 +433,7 @@ def test_the_job_page_resizes_an_elastic_job(team, fleet, client):
 def test_a_resize_never_confirmed_is_requeued_at_its_new_size(team, fleet, api):
     from datetime import timedelta
 
-    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint_dir="/c")
+    elastic = submit(team, name="el", gpus=2, elastic_min=1, elastic_max=2, checkpoint="ckpt:c")
     run_cycle()
     start_everywhere(elastic)
     assert (

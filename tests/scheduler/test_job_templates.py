@@ -24,14 +24,19 @@ BODY = {
     "runtime_estimate_s": 7200,
     "time_limit_s": 10800,
     "env": {"SEED": "7", "MODE": "full"},
-    "checkpoint_dir": "/ckpt/train",
+    "volumes": [{"name": "data", "path": "/data/in", "read_only": True}],
+    "checkpoint": "ckpt:train",
+    "working_dir": "/data/ckpt/train",
     "max_restarts": 2,
     "cpu_milli": 8000,
 }
 
 
 @pytest.fixture
-def job(api, team, fleet):
+def job(api, team, fleet, ckpt_volume):
+    from storage.models import Volume
+
+    Volume.objects.create(project=team["a"], name="data", kind="node_local", size_gib=1)
     resp = api(team["member"]).post("/api/v1/jobs", BODY, format="json")
     assert resp.status_code == 201, resp.json()
     return Job.objects.get(pk=resp.json()["id"])
@@ -49,7 +54,9 @@ def _request(job: Job) -> tuple:
         job.runtime_estimate_s,
         job.time_limit_s,
         job.env,
-        job.checkpoint_dir,
+        job.volumes,
+        job.checkpoint,
+        job.working_dir,
         job.max_restarts,
         job.cpu_milli,
     )

@@ -111,14 +111,14 @@ def test_cancel_frees_gpus_at_once_and_agent_stops(lab, api):
     assert api(lab["member"]).post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 400
 
 
-def test_failure_restarts_then_fails(lab, api):
+def test_failure_restarts_then_fails(lab, api, ckpt_volume):
     job = submit(
         api,
         lab["member"],
         gpus=1,
         gpu_model="H100-80GB-SXM",
         max_restarts=1,
-        checkpoint_dir="/ckpt/a",
+        checkpoint="ckpt:a",
     )
     for attempt, expected in [(1, "queued"), (2, "failed")]:
         run_cycle()
@@ -134,7 +134,7 @@ def test_failure_restarts_then_fails(lab, api):
     assert row.exit_code == 3 and "exit code 3" in row.failure_reason and row.restarts == 1
 
 
-def test_preempt_and_resume_from_checkpoint(lab, api):
+def test_preempt_and_resume_from_checkpoint(lab, api, ckpt_volume):
     lab["a"].quota.max_priority = 3
     lab["a"].quota.save()
     low = submit(
@@ -144,7 +144,7 @@ def test_preempt_and_resume_from_checkpoint(lab, api):
         gpu_model="H100-80GB-SXM",
         preemptible=True,
         priority="low",
-        checkpoint_dir="/ckpt/low",
+        checkpoint="ckpt:runs/low",
     )
     run_cycle()
     Job.objects.filter(pk=low["id"]).update(min_runtime_s=0)
@@ -169,16 +169,26 @@ def test_preempt_and_resume_from_checkpoint(lab, api):
     }
     run_cycle()
     assert Job.objects.get(pk=high["id"]).state == JobState.SCHEDULED
-    # the victim resumes later with RESUME=1 and the same checkpoint directory
+    # the victim resumes later with RESUME=1 and the same checkpoint: a volume and a path in
+    # it (the agent sets CHECKPOINT_DIR to its container path), never a host path
     api(lab["owner"]).post(f"/api/v1/jobs/{high['id']}/cancel")
     run_cycle()
     node = node_of(low["id"])
     a = agent(lab["tokens"][node]).get("/api/agent/v1/assignments").json()["assignments"][0]
-    assert (
-        a["env"]["RESUME"] == "1"
-        and a["env"]["CHECKPOINT_DIR"] == "/ckpt/low"
-        and a["attempt"] == 2
-    )
+    assert a["env"]["RESUME"] == "1" and a["attempt"] == 2
+    assert "CHECKPOINT_DIR" not in a["env"]
+    assert a["checkpoint"] == {"volume": "ckpt", "path": "runs/low"}
+    assert a["volumes"] == [
+        {
+            "id": ckpt_volume.pk,
+            "name": "ckpt",
+            "kind": "shared",
+            "mount_path": "/data/ckpt",
+            "read_only": False,
+            "limit_mib": 10 * 1024,
+        }
+    ]
+    assert a["project_id"] == lab["a"].pk
 
 
 def test_gang_spreads_over_two_nodes(lab, api):
@@ -344,6 +354,21 @@ def test_bad_manifests_are_400_with_the_path(lab, api, patch, field):
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env"),
         ({"env": {"1BAD": "x"}}, "env"),
         ({"checkpoint_dir": "relative/path"}, "checkpoint_dir"),
+        ({"checkpoint_dir": "/root"}, "checkpoint_dir"),
+        ({"working_dir": "/root"}, "working_dir"),
+        ({"working_dir": "/srv/portal/.venv/lib/python3.12/site-packages"}, "working_dir"),
+        ({"working_dir": "/var/lib/gpu-agent/jobs/7"}, "working_dir"),
+        ({"working_dir": "workspace"}, "working_dir"),
+        ({"working_dir": "/workspace/../root"}, "working_dir"),
+        ({"checkpoint": "/var/lib/gpu-agent/jobs/7"}, "checkpoint"),
+        ({"checkpoint": "ckpt:../../jobs/7"}, "checkpoint"),
+        ({"checkpoint": "ckpt:/etc"}, "checkpoint"),
+        ({"env": {"CHECKPOINT_DIR": "/root"}}, "env"),
+        ({"volumes": [{"name": "ckpt", "path": "data"}]}, "volumes"),
+        ({"volumes": [{"name": "ckpt", "path": "/data/../etc"}]}, "volumes"),
+        ({"volumes": [{"name": "ckpt", "path": "/proc/x"}]}, "volumes"),
+        ({"volumes": [{"name": "Bad/Name"}]}, "volumes"),
+        ({"volumes": [{"name": "x", "host_path": "/root"}]}, "volumes"),
         ({"priority": "mega"}, "priority"),
         ({"elastic_min": 4, "gpus": 2}, "elastic_min"),
         ({"gpus": "many"}, "gpus"),
@@ -431,3 +456,114 @@ def test_job_list_has_no_n_plus_one(lab, api, django_assert_max_num_queries):
     with django_assert_max_num_queries(6):
         resp = client.get("/api/v1/jobs?state=queued")
     assert len(resp.json()["results"]) == 5
+
+
+@pytest.fixture
+def volumes(lab):
+    """Project A: a shared `ckpt`, a ready dataset `ds`, a deleted `gone`; B: `theirs`."""
+    from storage.models import FillState, Volume, VolumeKind, VolumeState
+
+    made = {
+        "ckpt": Volume.objects.create(project=lab["a"], name="ckpt", kind="shared", size_gib=5),
+        "ds": Volume.objects.create(
+            project=lab["a"], name="ds", kind="shared", size_gib=5, is_dataset=True,
+            fill_state=FillState.READY,
+        ),
+        "gone": Volume.objects.create(
+            project=lab["a"], name="gone", kind="shared", size_gib=5, state=VolumeState.DELETED
+        ),
+        "theirs": Volume.objects.create(
+            project=lab["b"], name="theirs", kind=VolumeKind.NODE_LOCAL, size_gib=5
+        ),
+    }  # fmt: skip
+    return made
+
+
+@pytest.mark.parametrize(
+    ("volumes_asked", "checkpoint", "why"),
+    [
+        ([{"name": "nope"}], "", "no volume named 'nope'"),
+        ([{"name": "theirs"}], "", "no volume named 'theirs'"),
+        ([{"name": "gone"}], "", "no volume named 'gone'"),
+        ([{"name": "ds"}], "", "dataset: mount it read-only"),
+        ([{"name": "ckpt", "path": "/d"}, {"name": "ds", "path": "/d", "read_only": True}], "",
+         "/d"),
+        ([{"name": "ckpt", "path": "/d"}, {"name": "ds", "path": "/d/x", "read_only": True}],
+         "", "/d/x"),
+        ([{"name": "ckpt", "read_only": True}], "ckpt:a", "read-only"),
+        ([{"name": "ckpt"}, {"name": "ckpt", "path": "/x"}], "", "mounted twice"),
+        ([{"name": "ckpt", "path": "/workspace/data"}], "", "workspace"),
+    ],
+)  # fmt: skip
+def test_volumes_a_job_may_not_mount_are_400_naming_the_field(
+    lab, api, volumes, volumes_asked, checkpoint, why
+):
+    body = {"project": "alpha", "name": "x", "command": "true", "volumes": volumes_asked}
+    if checkpoint:
+        body["checkpoint"] = checkpoint
+    resp = api(lab["member"]).post("/api/v1/jobs", body, format="json")
+    assert resp.status_code == 400, resp.content
+    field = "checkpoint" if checkpoint else "volumes"
+    assert field in resp.json() and why in str(resp.json()), resp.json()
+    assert Job.objects.count() == 0
+
+
+def test_a_job_mounts_volumes_and_checkpoints_in_one(lab, api, volumes):
+    job = submit(
+        api,
+        lab["member"],
+        volumes=[{"name": "ds", "read_only": True}, {"name": "tmp", "kind": "scratch"}],
+        checkpoint="ckpt:runs/a",
+        working_dir="/data/ckpt/runs",
+    )
+    assert job["volumes"] == [
+        {"name": "ds", "path": "/data/ds", "read_only": True},
+        {"name": "tmp", "path": "/data/tmp", "read_only": False, "kind": "scratch", "size_gib": 10},
+        {"name": "ckpt", "path": "/data/ckpt", "read_only": False},
+    ]
+    assert job["checkpoint"] == "ckpt:runs/a"
+    detail = api(lab["member"]).get(f"/api/v1/jobs/{job['id']}").json()
+    assert detail["working_dir"] == "/data/ckpt/runs"
+    # an active job's volume cannot be deleted (the scheduler's port)
+    resp = api(lab["owner"]).delete("/api/v1/projects/alpha/volumes/ckpt")
+    assert resp.status_code == 409 and str(job["id"]) in str(resp.json()), resp.content
+
+
+FORM = {
+    "project": "alpha",
+    "name": "vol",
+    "command": "python train.py",
+    "gpu_model": "H100-80GB-SXM",
+    "shape": "whole",
+    "gpus": "1",
+    "priority": "1",
+    "shard_count": "1",
+    "max_restarts": "0",
+}
+
+
+def test_the_form_mounts_volumes_and_puts_a_host_path_next_to_its_field(lab, client, volumes):
+    client.force_login(lab["member"])
+    for fields, field, words in [
+        ({"working_dir": "/root"}, "working_dir", "never a host path"),
+        ({"checkpoint": "/root/ckpt"}, "checkpoint", "host path is never accepted"),
+        ({"volumes": "ds:/in"}, "volumes", "dataset"),
+        ({"volumes": "ds:in"}, "volumes", "Line 1"),
+        ({"volumes": "theirs"}, "volumes", "no volume named 'theirs'"),
+    ]:
+        resp = client.post("/jobs/new/", {**FORM, **fields})
+        assert resp.status_code == 400, fields
+        errors = resp.context["form"].errors
+        assert field in errors and words in errors[field][0], (fields, errors)
+    assert not Job.objects.exists()
+    resp = client.post(
+        "/jobs/new/",
+        {**FORM, "volumes": "ds:/in:ro\n", "checkpoint": "ckpt:r", "working_dir": "/in"},
+    )
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    job = Job.objects.get()
+    assert job.volumes[0] == {"name": "ds", "path": "/in", "read_only": True}
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="job-volumes"' in page and "ckpt:r" in page
+    clone = client.get(f"/jobs/new/?from={job.pk}").content.decode()
+    assert "ds:/in:ro" in clone

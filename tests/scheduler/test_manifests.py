@@ -29,6 +29,10 @@ C0 = f"{POD}.containers[0]"
 
 @pytest.fixture
 def lab(team, fleet):
+    from storage.models import Volume
+
+    # the corpus's checkpoint volume (l40s_selector_annotations.yaml)
+    Volume.objects.create(project=team["a"], name="sdxl", kind="shared", size_gib=10)
     return {**team, **fleet}
 
 
@@ -53,7 +57,8 @@ ASKS = (
     "image",
     "env",
     "working_dir",
-    "checkpoint_dir",
+    "volumes",
+    "checkpoint",
     "gpu_count",  # a gang's `gpus` means nothing: nodes × gpus_per_node
     "gpu_milli",
     "gpu_memory_mib",
@@ -159,7 +164,8 @@ def test_l40s_selector_annotations_quantities(lab, api):
     assert job.gpu_model.name == "L40S"
     assert (job.cpu_milli, job.memory_mib, job.max_restarts) == (500, 954, 0)
     assert (job.priority, job.preemptible, job.runtime_estimate_s) == (2, True, 1800)
-    assert job.checkpoint_dir == "/checkpoints/sdxl" and job.time_limit_s is None
+    assert job.checkpoint == "sdxl:checkpoints" and job.time_limit_s is None
+    assert job.volumes == [{"name": "sdxl", "path": "/data/sdxl", "read_only": False}]
 
 
 def test_the_job_page_says_what_was_ignored_and_links_the_manifest(lab, api, client):
@@ -192,14 +198,13 @@ def test_every_refused_field_is_named_at_once(lab, api):
             f"{POD}.initContainers",
             f"{POD}.tolerations[0]",
             f"{POD}.containers[1]",
-            f"{POD}.volumes[0].persistentVolumeClaim",
             f"{POD}.volumes[1].hostPath",
             f"{C0}.securityContext.privileged",
             f"{C0}.env[0].valueFrom",
         ]
     )
     why = {f["field"]: f["why"] for f in refused}
-    assert "data volumes" in why[f"{POD}.volumes[0].persistentVolumeClaim"]
+    assert "never mounts a host path" in why[f"{POD}.volumes[1].hostPath"]
     assert "at most 10" in why["spec.backoffLimit"]
     assert "WANDB_API_KEY" in why[f"{C0}.env[0].valueFrom"]
     assert Job.objects.count() == 0
@@ -322,12 +327,49 @@ def test_shared_memory_needs_a_size_and_dev_shm(lab):
     with pytest.raises(ManifestRefused) as elsewhere:
         parse_manifest(yaml.safe_dump(doc))
     assert elsewhere.value.refused[0]["field"] == f"{C0}.volumeMounts[0].mountPath"
-    # A disk emptyDir is scratch space: accepted, and said to change nothing.
-    pod["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    # A disk emptyDir is a scratch volume of its sizeLimit (10 GiB without one).
+    pod["volumes"] = [{"name": "scratch", "emptyDir": {"sizeLimit": "1500Mi"}}]
     pod["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
     imported = parse_manifest(yaml.safe_dump(doc))
-    assert imported.spec.shm_mib == 0
-    assert fields_of(imported.ignored) == [f"{C0}.volumeMounts[0]"]
+    assert imported.spec.shm_mib == 0 and imported.ignored == []
+    assert imported.spec.volumes == (
+        {"name": "scratch", "path": "/scratch", "read_only": False, "kind": "scratch",
+         "size_gib": 2},
+    )  # fmt: skip
+
+
+def test_a_claim_is_the_projects_volume_and_no_host_path_is_taken(lab, api):
+    doc = _brief()
+    pod = doc["spec"]["template"]["spec"]
+    pod["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "sdxl"}}]
+    pod["containers"][0]["volumeMounts"] = [{"name": "d", "mountPath": "/in", "readOnly": True}]
+    pod["containers"][0]["workingDir"] = "/in/sub"
+    assert parse_manifest(yaml.safe_dump(doc)).spec.volumes == (
+        {"name": "sdxl", "path": "/in", "read_only": True},
+    )
+    for where, bad, field in [
+        ("workingDir", "/root", f"{C0}.workingDir"),
+        ("workingDir", "/srv/portal/.venv/lib/python3.12/site-packages", f"{C0}.workingDir"),
+    ]:
+        pod["containers"][0][where] = bad
+        resp = post(api, lab["member"], yaml.safe_dump(doc))
+        assert resp.status_code == 400 and fields_of(resp.json()["refused"]) == [field], bad
+    pod["containers"][0]["workingDir"] = "/in"
+    pod["volumes"] = [{"name": "d", "hostPath": {"path": "/root"}}]
+    resp = post(api, lab["member"], yaml.safe_dump(doc))
+    assert resp.status_code == 400
+    (finding,) = resp.json()["refused"]
+    assert finding["field"] == f"{POD}.volumes[0].hostPath" and "host path" in finding["why"]
+    pod["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "theirs"}}]
+    resp = post(api, lab["member"], yaml.safe_dump(doc))  # no such volume in alpha
+    assert resp.status_code == 400 and "volumes" in str(resp.json()), resp.content
+    doc["metadata"]["annotations"] = {"gpucloud.example/checkpoint-dir": "/root"}
+    pod["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "sdxl"}}]
+    resp = post(api, lab["member"], yaml.safe_dump(doc))
+    assert resp.status_code == 400
+    (finding,) = resp.json()["refused"]
+    assert finding["field"] == "metadata.annotations.gpucloud.example/checkpoint-dir"
+    assert Job.objects.count() == 0
 
 
 # ---------------------------------------------------------------- unsafe or oversized input

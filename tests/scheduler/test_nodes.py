@@ -32,7 +32,7 @@ def agent(token):
 
 
 @pytest.fixture
-def running(team, fleet, api):
+def running(team, fleet, api, ckpt_volume):
     """One 1-GPU H100 job, placed and running."""
     resp = api(team["member"]).post(
         "/api/v1/jobs",
@@ -41,7 +41,7 @@ def running(team, fleet, api):
             "name": "r",
             "command": "true",
             "gpu_model": "H100-80GB-SXM",
-            "checkpoint_dir": "/ck",
+            "checkpoint": "ckpt:ck",
         },
         format="json",
     )

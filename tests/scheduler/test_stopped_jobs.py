@@ -16,7 +16,7 @@ from scheduler.models import Allocation, Job, JobEvent, JobMember, JobState
 from scheduler.transitions import job_transition
 from tests.scheduler.test_gangs_and_resize import exit_on, start_everywhere, submit
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ckpt_volume")]
 
 
 def running_job(team, **spec) -> tuple[Job, object]:
@@ -52,14 +52,14 @@ def test_a_job_over_its_time_limit_that_exits_zero_on_sigterm_fails_as_time_limi
 
 
 def test_a_preempted_job_that_checkpoints_and_exits_zero_is_requeued(team, fleet):
-    job, node = running_job(team, checkpoint_dir="/ckpt")
+    job, node = running_job(team, checkpoint="ckpt:ckpt")
     preempt(job)
     ended = exit_on(job, node, 0, "preempted")
     assert ended.state == JobState.QUEUED and ended.resume and never_succeeded(job)
 
 
 def test_a_resized_job_that_checkpoints_and_exits_zero_restarts_at_its_new_size(team, fleet, api):
-    job, node = running_job(team, gpus=2, elastic_min=1, elastic_max=2, checkpoint_dir="/c")
+    job, node = running_job(team, gpus=2, elastic_min=1, elastic_max=2, checkpoint="ckpt:c")
     job_resize_request(actor=team["member"], job=job, gpus=1)
     ended = exit_on(job, node, 0, "preempted")
     assert ended.state == JobState.SCHEDULED and ended.gpus == 1 and ended.resume
@@ -84,7 +84,7 @@ def test_a_job_its_node_stopped_is_not_a_success_even_with_exit_zero(team, fleet
 def test_a_job_that_finished_before_its_preemption_reached_it_succeeded(team, fleet):
     """The agent had not stopped it yet (reason `exited`): it finished its work, so it is
     neither run again nor resumed."""
-    job, node = running_job(team, checkpoint_dir="/ckpt")
+    job, node = running_job(team, checkpoint="ckpt:ckpt")
     preempt(job)
     ended = exit_on(job, node, 0, "exited")
     assert ended.state == JobState.SUCCEEDED and ended.preempt_deadline is None
@@ -107,7 +107,7 @@ def test_a_gang_over_its_time_limit_fails_whole_even_when_members_exit_zero(team
 
 
 def test_a_preempted_gang_whose_members_exit_zero_is_requeued_whole(team, fleet):
-    job = submit(team, name="g", gpus=2, nodes=2, gpus_per_node=1, checkpoint_dir="/ckpt")
+    job = submit(team, name="g", gpus=2, nodes=2, gpus_per_node=1, checkpoint="ckpt:ckpt")
     run_cycle()
     start_everywhere(job)
     m0, _m1 = JobMember.objects.filter(job=job).order_by("rank")

@@ -58,7 +58,7 @@ _plain_bodies = st.fixed_dictionaries(
         "preemptible": st.booleans(),
         "runtime_estimate_s": st.none() | st.integers(1, 90 * 86400),
         "time_limit_s": st.none() | st.integers(60, 90 * 86400),
-        "checkpoint_dir": _path,
+        "checkpoint": _path,
         "working_dir": _path,
         "env": _env,
         "secret_env": _env,
@@ -134,7 +134,7 @@ def test_what_clients_send_is_parsed_plainly(fleet):
             "runtime_estimate_s": None,
             "env": {"LR": "0.001", "EMPTY": ""},
             "secret_env": {"WANDB_KEY": "k"},
-            "checkpoint_dir": "/ckpt",
+            "checkpoint": "ckpt:runs/sweep",
             "shard_count": 10,
         },
     ]

@@ -494,3 +494,31 @@ def test_a_burst_of_slurm_changes_is_one_pass_of_bulk_statements(slurm_pool, tea
             assert alloc.started_at <= alloc.ended_at < job.finished_at
             assert alloc.end_reason == Allocation.EndReason.COMPLETED
     assert len(statements[6]) == len(statements[2]), "\n".join(statements[6])
+
+
+def test_a_slurm_job_reaches_its_volumes_and_checkpoint_on_the_shared_filesystem(
+    slurm_pool, team, api, wait_for
+):
+    """A volume is <storage_root>/v<id> on the cluster's filesystem: the job gets it as
+    VOLUME_<NAME>, its checkpoint as CHECKPOINT_DIR inside it, and starts in its working dir."""
+    from storage.models import Volume
+
+    root = Path(os.environ["PORTAL_TEST_SLURM_SHARED"]) / "volumes"
+    root.mkdir(mode=0o755, exist_ok=True)
+    slurm_pool.slurm.storage_root = str(root)
+    slurm_pool.slurm.save(update_fields=["storage_root"])
+    ckpt = Volume.objects.create(project=team["a"], name="ckpt", kind="shared", size_gib=1)
+    (root / f"v{ckpt.pk}").mkdir(mode=0o777)
+    job = submit(
+        api,
+        team["member"],
+        checkpoint="ckpt:runs/a",
+        working_dir="/data/ckpt/runs",
+        command='echo step 3 > "$CHECKPOINT_DIR/checkpoint.txt"; pwd; echo "v=$VOLUME_CKPT"',
+    )
+    handed_over(job)
+    job = wait_for(job, lambda j: j.state in (S.SUCCEEDED, S.FAILED))
+    text = api(team["member"]).get(f"/api/v1/jobs/{job.pk}/logs").json()["text"]
+    assert job.state == S.SUCCEEDED, text
+    assert (root / f"v{ckpt.pk}" / "runs" / "a" / "checkpoint.txt").read_text() == "step 3\n"
+    assert f"{root}/v{ckpt.pk}/runs" in text and f"v={root}/v{ckpt.pk}" in text

@@ -308,9 +308,14 @@ def test_torch_distributed_all_reduce_in_containers_across_two_agents(stack, tmp
             f"the job image's Python ({image_python}) is not this venv's: its torch "
             "cannot be loaded there"
         )
+    from storage.models import Volume
+
+    # the job's environment on a shared volume of its project, mounted read-only on both
+    # members (the portal writes a volume's files at <shared root>/v<id>, as for a dataset)
+    env_volume = Volume.objects.create(project=stack["a"], name="env", kind="shared", size_gib=5)
     site = Path(torch.__file__).resolve().parents[1]
-    work = tmp_path / "work"
-    work.mkdir()
+    work = stack["agents"].shared_root / f"v{env_volume.pk}"
+    work.mkdir(mode=0o755)
     subprocess.run(["cp", "-al", str(site), str(work / "site")], check=True)
     (work / "all_reduce.py").write_text(ALL_REDUCE)
     job_id = submit(
@@ -318,8 +323,9 @@ def test_torch_distributed_all_reduce_in_containers_across_two_agents(stack, tmp
         gpus=2,
         nodes=2,
         gpus_per_node=1,
-        working_dir=str(work),
-        command="PYTHONPATH=/workspace/site python3 /workspace/all_reduce.py",
+        volumes=[{"name": "env", "path": "/env", "read_only": True}],
+        working_dir="/env",
+        command="PYTHONPATH=/env/site python3 /env/all_reduce.py",
         env={"GLOO_SOCKET_IFNAME": "lo"},
     )
     wait_for(lambda: state_of(job_id) in (JobState.SUCCEEDED, JobState.FAILED), timeout=180)

@@ -165,14 +165,17 @@ def test_elastic_eight_to_two_resumes_from_its_checkpoint(stack, tmp_path: Path)
     Node.objects.filter(name__in=["h1", "h2"]).update(state=Node.State.CORDONED)
     stack["agents"].start("big", node_issue_agent_token(node=big), "8xH100-80GB-SXM")
     wait_for_registration(["big"])
-    ckpt = tmp_path / "ckpt"
+    from storage.models import Volume
+
+    volume = Volume.objects.create(project=stack["a"], name="ckpt", kind="shared", size_gib=1)
+    ckpt = stack["agents"].shared_root / f"v{volume.pk}" / "train"
     train = submit(
         stack,
         name="train",
         gpus=8,
         elastic_min=2,
         elastic_max=8,
-        checkpoint_dir=str(ckpt),
+        checkpoint="ckpt:train",
         command="echo world size $WORLD_SIZE resume $RESUME; "
         "python3 -m agent.workload --seconds 16 --step-seconds 0.2 --checkpoint-every 1",
     )

@@ -569,7 +569,7 @@ def test_a_container_job_naming_host_paths_gets_only_its_workspace(containers: R
 
 def test_the_process_runtime_path_is_honest_about_read_only(runner: Runner) -> None:
     """No mount namespace: the process runtime cannot make a volume read-only (documented in
-    docs/storage-node.md); it still runs the job and tells it where its volumes are."""
+    docs/storage.md); it still runs the job and tells it where its volumes are."""
     ro = {"project_id": 2, "volumes": [node_local(160, name="ro", read_only=True)]}
     runner.start(assignment(161, 'echo "$VOLUME_RO"', **ro))
     wait_for(lambda: 161 in exits(runner), runner)

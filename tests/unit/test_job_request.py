@@ -72,8 +72,13 @@ def _job(**kw: Any) -> Job:
         "preemptible": True,
         "runtime_estimate_s": 3600,
         "time_limit_s": 7200,
-        "checkpoint_dir": "/ckpt/a",
-        "working_dir": "/work/a",
+        "volumes": [
+            {"name": "data", "path": "/data/in", "read_only": True},
+            {"name": "ckpt", "path": "/data/ckpt", "read_only": False},
+            {"name": "tmp", "path": "/tmp/s", "read_only": False, "kind": "scratch", "size_gib": 5},
+        ],
+        "checkpoint": "ckpt:runs/a",
+        "working_dir": "/workspace/a",
         "env": {"A": "x y"},
         "max_restarts": 3,
         "elastic_min": 2,
@@ -185,12 +190,20 @@ def check_slurm(f: RequestField) -> str | None:
         partitions="gpu",
         gpu_types={"A100-80GB": "a100"},
         output_dir="/shared/portal/",
+        storage_root="/shared/volumes",
     )
     batch = batch_job(
-        cfg, _job(gpu_milli=1000, secret_env={"S": "s"}), shards=3, dependency="afterok:7"
+        cfg,
+        _job(gpu_milli=1000, secret_env={"S": "s"}),
+        shards=3,
+        dependency="afterok:7",
+        volume_ids={"data": 1, "ckpt": 2},
     )
     if carry.startswith("--"):
         return None if any(a.startswith(carry) for a in batch.args) else f"sbatch has no {carry}"
+    if carry.endswith(" in the script") and carry.split()[0].isupper():  # an exported variable
+        var = carry.split()[0].replace("<NAME>", "DATA")
+        return None if f"export {var}=" in batch.script else f"the script has no {var}"
     value = getattr(_job(secret_env={"S": "s"}), str(f.model), None)
     wanted = next(iter(value)) if isinstance(value, dict) else value
     return None if wanted and str(wanted) in batch.script else f"the script has no {f.name}"
@@ -310,7 +323,7 @@ def test_the_api_bounds_are_the_declared_ones():
 
 
 def test_every_named_mapper_exists():
-    from scheduler import admission, dependencies, forms, job_templates
+    from scheduler import admission, dependencies, forms, job_templates, job_volumes
     from scheduler.backends.slurm import submit
     from scheduler.manifests import export, parse
 
@@ -320,6 +333,7 @@ def test_every_named_mapper_exists():
         "export": export,
         "forms": forms,
         "job_templates": job_templates,
+        "job_volumes": job_volumes,
         "parse": parse,
         "slurm": submit,
     }

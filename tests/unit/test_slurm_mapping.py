@@ -254,3 +254,37 @@ def test_parse_sacct_runs_attempts_and_steps():
     assert by[("10", 2)].step_gpu_seconds == {"batch": 60}
     assert by[("10", 2)].nodes == ("gpu-a", "gpu-b")
     assert by[("13", 1)].end is None
+
+
+def test_a_slurm_job_gets_its_volumes_in_the_script():
+    """Volumes map to the cluster's storage root; the checkpoint and the working directory
+    follow them; scratch is a directory of the job's own, removed at its end."""
+    cfg = _cfg()
+    cfg.storage_root = "/lustre/portal-volumes/"
+    job = _job(
+        volumes=[
+            {"name": "ckpt", "path": "/data/ckpt", "read_only": False},
+            {"name": "tmp", "path": "/scratch", "read_only": False, "kind": "scratch",
+             "size_gib": 5},
+        ],
+        checkpoint="ckpt:runs/a",
+        working_dir="/data/ckpt/runs",
+    )  # fmt: skip
+    script = batch_job(cfg, job, volume_ids={"ckpt": 7}).script
+    assert "export VOLUME_CKPT=/lustre/portal-volumes/v7" in script
+    assert 'export CHECKPOINT_DIR="${VOLUME_CKPT}"/runs/a' in script
+    assert 'cd "$VOLUME_CKPT"/runs' in script
+    assert 'export VOLUME_TMP="${TMPDIR:-/tmp}/portal-job-$SLURM_JOB_ID-tmp"' in script
+    assert script.index("VOLUME_CKPT") < script.index("python train.py")
+
+
+def test_a_slurm_pool_without_a_storage_root_refuses_volumes():
+    from scheduler.backends.slurm.client import SlurmError
+
+    job = _job(volumes=[{"name": "ckpt", "path": "/data/ckpt", "read_only": False}])
+    with pytest.raises(SlurmError, match="no storage root"):
+        batch_job(_cfg(), job, volume_ids={"ckpt": 7})
+    cfg = _cfg()
+    cfg.storage_root = "/lustre/v"
+    with pytest.raises(SlurmError, match="not a shared volume"):
+        batch_job(cfg, job, volume_ids={})

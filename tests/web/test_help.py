@@ -43,7 +43,7 @@ def _run(kind: str, text: str, env: dict[str, str]) -> subprocess.CompletedProce
 
 
 @pytest.mark.django_db(transaction=True)
-def test_every_example_runs_against_the_live_server(live_server, team, fleet):
+def test_every_example_runs_against_the_live_server(live_server, team, fleet, ckpt_volume):
     token = token_create(user=team["member"], name="help examples").secret
     env = {
         **os.environ,

@@ -41,6 +41,13 @@ class SlurmPool(models.Model):
         help_text="A directory on the filesystem the portal shares with the cluster: job output "
         "files are written here by Slurm and read here by the portal.",
     )
+    storage_root = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Where the project volumes live on the cluster's shared filesystem: a volume "
+        "is <storage_root>/v<id> (the same files as the portal's STORAGE_SHARED_ROOT when both "
+        "mount one filesystem). Blank: jobs of this pool cannot mount volumes.",
+    )
     submit_user = models.CharField(
         max_length=64,
         default="root",

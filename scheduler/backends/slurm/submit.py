@@ -6,6 +6,7 @@ import math
 import re
 import shlex
 from collections import defaultdict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,6 +17,7 @@ from django.utils import timezone
 from scheduler.backends.slurm.client import SlurmError, cluster_for
 from scheduler.backends.slurm.models import SlurmJob, SlurmPool
 from scheduler.dependencies import judge, states_of, targets_of
+from scheduler.job_volumes import checkpoint_split
 from scheduler.models import DependencyKind, Job, JobEvent, JobState, Pool
 from scheduler.transitions import job_transition
 
@@ -51,8 +53,78 @@ def qos_for(cfg: SlurmPool, job: Job) -> str:
     return str(cfg.qos_by_priority.get(str(job.priority), "normal"))
 
 
+def volume_script(
+    cfg: SlurmPool, job: Job, volume_ids: Mapping[str, int] | None = None
+) -> list[str]:
+    """The script's lines that give a job its volumes on the cluster: VOLUME_<NAME> (a shared
+    volume is <storage_root>/v<id>, scratch a directory of its own removed at the end),
+    CHECKPOINT_DIR inside its volume, and the working directory when it is in a volume. A
+    Slurm job runs no container: it sees host paths of the cluster's filesystem, not the
+    container paths (docs/slurm.md). `volume_ids`: name → id (read here when not given)."""
+    mounts = list(job.volumes or [])
+    if not mounts:
+        return []
+    shared = [m["name"] for m in mounts if m.get("kind") != "scratch"]
+    if shared and not cfg.storage_root:
+        raise SlurmError(
+            f"the Slurm pool {cfg.pool.name} has no storage root: its jobs cannot mount volumes"
+        )
+    if volume_ids is None:
+        volume_ids = _volume_ids(job, shared)
+    root = cfg.storage_root.rstrip("/")
+    lines: list[str] = []
+    host: dict[str, str] = {}
+    for m in mounts:
+        name = m["name"]
+        var = "VOLUME_" + name.upper().replace("-", "_")
+        if m.get("kind") == "scratch":
+            lines += [
+                f'export {var}="${{TMPDIR:-/tmp}}/portal-job-$SLURM_JOB_ID-{name}"',
+                f'mkdir -p -m 0700 "${var}"',
+                f"trap 'rm -rf \"${var}\"' EXIT",
+            ]
+        elif name not in volume_ids:
+            raise SlurmError(f"volume {name} is not a shared volume of {job.project.slug}")
+        else:
+            lines.append(f"export {var}={shlex.quote(f'{root}/v{volume_ids[name]}')}")
+        host[m["path"]] = f"${var}"
+    place = checkpoint_split(job.checkpoint)
+    if place is not None:
+        base = "${VOLUME_" + place[0].upper().replace("-", "_") + "}"
+        rel = f"/{shlex.quote(place[1])}" if place[1] else ""
+        lines += [f'export CHECKPOINT_DIR="{base}"{rel}', 'mkdir -p "$CHECKPOINT_DIR"']
+    for path, var in sorted(host.items(), key=lambda kv: -len(kv[0])):
+        if job.working_dir and (job.working_dir == path or job.working_dir.startswith(path + "/")):
+            rest = job.working_dir[len(path) :]
+            lines.append(f'cd "{var}"{shlex.quote(rest) if rest else ""}')
+            break
+    return lines
+
+
+def _volume_ids(job: Job, names: list[str]) -> dict[str, int]:
+    """The job's project's live shared volumes by name (node-local ones are the portal's nodes'
+    own: refused)."""
+    from storage.models import Volume, VolumeKind, VolumeState
+
+    rows = Volume.objects.filter(
+        project_id=job.project_id, name__in=names, state=VolumeState.ACTIVE
+    ).values_list("name", "pk", "kind")
+    local = [name for name, _, kind in rows if kind != VolumeKind.SHARED]
+    if local:
+        raise SlurmError(
+            f"volume {local[0]} is node-local (on one of the portal's nodes): a Slurm pool "
+            "mounts shared volumes only"
+        )
+    return {name: pk for name, pk, _ in rows}
+
+
 def batch_job(
-    cfg: SlurmPool, job: Job, *, shards: int = 1, dependency: str | None = None
+    cfg: SlurmPool,
+    job: Job,
+    *,
+    shards: int = 1,
+    dependency: str | None = None,
+    volume_ids: Mapping[str, int] | None = None,
 ) -> BatchJob:
     """The sbatch options for `job` (the first shard of an array of `shards`); `dependency`:
     Slurm's --dependency value (`scheduler.dependencies.slurm_dependency`)."""
@@ -89,15 +161,14 @@ def batch_job(
         pattern = f"{out_dir}/portal-job-{job.pk}-%a.out"
     else:
         pattern = f"{out_dir}/portal-job-{job.pk}.out"
-    args += [f"--output={pattern}", f"--chdir={job.working_dir or out_dir}"]
+    args += [f"--output={pattern}", f"--chdir={out_dir}"]
     lines = ["#!/bin/bash", f"# portal job {job.pk} of project {job.project.slug}"]
     env = {**job.env, **job.secret_env, "JOB_ID": str(job.pk)}
     if shards > 1:
         env["SHARD_COUNT"] = str(shards)
         lines.append('export SHARD_INDEX="$SLURM_ARRAY_TASK_ID"')
-    if job.checkpoint_dir:
-        env["CHECKPOINT_DIR"] = job.checkpoint_dir
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
+    lines += volume_script(cfg, job, volume_ids)
     lines.append(job.command)
     return BatchJob(tuple(args), "\n".join(lines) + "\n", pattern)
 
