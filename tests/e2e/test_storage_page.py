@@ -66,12 +66,13 @@ def test_member_creates_volumes_uploads_a_dataset_and_hits_the_quota(
     row = page.get_by_test_id("volume-work")
     row.wait_for()
     assert "20 GiB" in row.inner_text() and "Shared" in row.inner_text()
+    assert "…" not in row.inner_text()
     assert "20 / 100 GiB" in page.get_by_test_id("storage-quota").inner_text()
 
     new = page.get_by_test_id("volume-new")
     new.get_by_label("Name").fill("corpus")
     new.get_by_label("Size limit (GiB)").fill("5")
-    new.get_by_label(re.compile("^Dataset")).check()
+    new.get_by_role("checkbox", name=re.compile("Dataset")).check()
     new.get_by_role("button", name="Create").click()
     row = page.get_by_test_id("volume-corpus")
     row.wait_for()
@@ -105,9 +106,9 @@ def test_member_creates_volumes_uploads_a_dataset_and_hits_the_quota(
     new.get_by_label("Name").fill("huge")
     new.get_by_label("Size limit (GiB)").fill("200")
     new.get_by_role("button", name="Create").click()
-    error = new.locator(".errorlist")
-    error.first.wait_for()
-    said = error.first.inner_text()
+    error = new.get_by_test_id("error-size_gib")
+    error.wait_for()
+    said = error.inner_text()
     assert "storage quota is 100 GiB" in said and "its volumes take 25 GiB" in said
     assert "200 GiB more does not fit (75 GiB left)" in said
     assert new.get_by_label("Name").input_value() == "huge"
