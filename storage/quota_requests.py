@@ -48,8 +48,7 @@ class StorageQuotaAsk(ApprovalKind[StorageQuotaRequest]):
 
     def told(self, request: StorageQuotaRequest) -> str:
         return (
-            f"Your request for a storage quota of {request.max_gib} GiB for "
-            f"{request.project.name}"
+            f"Your request for a storage quota of {request.max_gib} GiB for {request.project.name}"
         )
 
     def created_data(self, request: StorageQuotaRequest) -> dict[str, Any]:

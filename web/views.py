@@ -197,13 +197,13 @@ def project_requests(request: HttpRequest, slug: str) -> HttpResponse:
 def request_queue(request: HttpRequest) -> HttpResponse:
     """Operators: pending quota, reservation and storage quota requests, oldest first, and
     recent decisions."""
-    from billing.models import ReservationRequest
-    from scheduler.models import QuotaRequest, RequestStatus
     from django.conf import settings
     from django.db.models import F, Value
     from django.db.models.functions import Coalesce
 
+    from billing.models import ReservationRequest
     from portal.approvals import PENDING
+    from scheduler.models import QuotaRequest, RequestStatus
     from storage.models import StorageQuotaRequest
 
     quota_qs = QuotaRequest.objects.select_related(

@@ -40,9 +40,7 @@ def storage_root(tmp_path, settings):
     return tmp_path
 
 
-def test_member_creates_volumes_uploads_a_dataset_and_hits_the_quota(
-    page, storage_root, make_user
-):
+def test_member_creates_volumes_uploads_a_dataset_and_hits_the_quota(page, storage_root, make_user):
     owner, member = make_user(), make_user("member@example.org")
     project = project_create(owner=owner, slug="alpha", name="Alpha")
     Membership.objects.create(project=project, user=member, role=Role.MEMBER)

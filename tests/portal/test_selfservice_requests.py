@@ -235,9 +235,7 @@ def test_per_member_cap_is_enforced_at_admission(team, fleet):
     assert other.state == JobState.QUEUED
 
 
-def test_storage_quota_requests_are_listed_and_decided_on_the_operators_queue(
-    team, operator, sent
-):
+def test_storage_quota_requests_are_listed_and_decided_on_the_operators_queue(team, operator, sent):
     from storage.models import StorageQuota, StorageQuotaRequest
 
     with sent():
