@@ -8,8 +8,8 @@ each step is audited (`<kind.action>`, `.approve`, `.decline`).
 
 A kind (`ApprovalKind`) says only what is asked and what approval applies: its model, its
 words, how it checks what is asked (`clean`) and what approving does (`apply`). The quota
-increase (`scheduler.quota_requests`) and the reserved plan (`billing.reservation_requests`)
-are the kinds today; a new one is a subclass, a model with the common columns (project,
+increase (`scheduler.quota_requests`), the reserved plan (`billing.reservation_requests`)
+and the storage quota (`storage.quota_requests`) are the kinds today; a new one is a subclass, a model with the common columns (project,
 requested_by, justification, status, decided_by, decided_at, decision_reason) and three
 one-line services. The pages' two POST handlers are shared too (`ask_from_post`,
 `decide_from_post`).

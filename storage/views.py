@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
+from portal.approvals import decide_from_post
 from portal.errors import DomainError, PermissionDenied
 from portal.forms import errors_in_words
 from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page
@@ -46,17 +47,23 @@ def project_storage(request: HttpRequest, slug: str) -> HttpResponse:
     project = project_get_visible(user=user, slug=slug)
     role = project_role_of(user=user, project=project)
     form = VolumeForm()
+    status = 200
     if request.method == "POST":
+        # A refused volume shows the form again, filled in, with the error on its field.
         form = VolumeForm(request.POST)
-        if not form.is_valid():
-            messages.error(request, f"The volume was not created: {errors_in_words(form)}")
-            return redirect("storage:project-storage", slug=project.slug)
-        try:
-            volume = services.volume_create(actor=user, project=project, **form.cleaned_data)
-            messages.success(request, f"Volume {volume.name} created.")
-        except DomainError as exc:
-            messages.error(request, exc.message)
-        return redirect("storage:project-storage", slug=project.slug)
+        status = 400
+        if form.is_valid():
+            try:
+                volume = services.volume_create(actor=user, project=project, **form.cleaned_data)
+                messages.success(request, f"Volume {volume.name} created.")
+                return redirect("storage:project-storage", slug=project.slug)
+            except PermissionDenied as exc:
+                messages.error(request, exc.message)
+                return redirect("storage:project-storage", slug=project.slug)
+            except DomainError as exc:
+                field = exc.field if exc.field in form.fields else None
+                form.add_error(field, exc.message)
+        messages.error(request, "The volume was not created; the form says why.")
     volumes = list(selectors.volume_list(project=project))
     filling = any(v.fill_state in (FillState.UPLOADING, FillState.IMPORTING) for v in volumes)
     context = {
@@ -78,6 +85,7 @@ def project_storage(request: HttpRequest, slug: str) -> HttpResponse:
         page="storage/project_storage.html",
         partial="storage/partials/_volumes.html",
         context=context,
+        status=status,
     )
 
 
@@ -147,7 +155,6 @@ def ops_storage(request: HttpRequest) -> HttpResponse:
             "rows": selectors.storage_overview(),
             "pending": selectors.storage_requests_pending(),
             "quota_form": StorageQuotaForm(),
-            "decision_form": DecisionForm(),
         },
     )
 
@@ -173,21 +180,11 @@ def ops_storage_quota(request: HttpRequest, slug: str) -> HttpResponse:
 @staff_required
 @require_POST
 def ops_storage_request_decide(request: HttpRequest, request_id: int) -> HttpResponse:
-    form = DecisionForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Choose approve or decline.")
-        return redirect("storage:ops-storage")
-    try:
-        if form.cleaned_data["decision"] == "approve":
-            quota_requests.storage_request_approve(
-                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
-            )
-            messages.success(request, "Approved: the storage quota changed.")
-        else:
-            quota_requests.storage_request_decline(
-                actor=_user(request), request_id=request_id, reason=form.cleaned_data["reason"]
-            )
-            messages.success(request, "Declined.")
-    except DomainError as exc:
-        messages.error(request, exc.message)
-    return redirect("storage:ops-storage")
+    return decide_from_post(
+        request,
+        request_id=request_id,
+        form=DecisionForm(request.POST),
+        approve=quota_requests.storage_request_approve,
+        decline=quota_requests.storage_request_decline,
+        approved="Approved: the storage quota changed.",
+    )

@@ -195,9 +195,16 @@ def project_requests(request: HttpRequest, slug: str) -> HttpResponse:
 
 @staff_required
 def request_queue(request: HttpRequest) -> HttpResponse:
-    """Operators: pending quota and reservation requests, oldest first, and recent decisions."""
+    """Operators: pending quota, reservation and storage quota requests, oldest first, and
+    recent decisions."""
+    from django.conf import settings
+    from django.db.models import F, Value
+    from django.db.models.functions import Coalesce
+
     from billing.models import ReservationRequest
+    from portal.approvals import PENDING
     from scheduler.models import QuotaRequest, RequestStatus
+    from storage.models import StorageQuotaRequest
 
     quota_qs = QuotaRequest.objects.select_related(
         "project", "project__quota", "requested_by", "decided_by", "gpu_model"
@@ -205,17 +212,26 @@ def request_queue(request: HttpRequest) -> HttpResponse:
     reservation_qs = ReservationRequest.objects.select_related(
         "project", "requested_by", "decided_by", "gpu_model"
     )
+    storage_qs = StorageQuotaRequest.objects.select_related(
+        "project", "requested_by", "decided_by"
+    ).annotate(
+        now_gib=Coalesce(
+            F("project__storage_quota__max_gib"), Value(settings.STORAGE_DEFAULT_QUOTA_GIB)
+        )
+    )
     context = {
         "quota_pending": quota_qs.filter(status=RequestStatus.PENDING).order_by("created_at"),
         "reservation_pending": reservation_qs.filter(
             status=ReservationRequest.Status.PENDING
         ).order_by("created_at"),
+        "storage_pending": storage_qs.filter(status=PENDING).order_by("created_at"),
         "quota_decided": quota_qs.exclude(status=RequestStatus.PENDING).order_by("-decided_at")[
             :20
         ],
         "reservation_decided": reservation_qs.exclude(
             status=ReservationRequest.Status.PENDING
         ).order_by("-decided_at")[:20],
+        "storage_decided": storage_qs.exclude(status=PENDING).order_by("-decided_at")[:20],
     }
     return render(request, "web/request_queue.html", context)
 

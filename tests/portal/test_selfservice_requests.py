@@ -233,3 +233,36 @@ def test_per_member_cap_is_enforced_at_admission(team, fleet):
         actor=team["owner"], project=team["a"], spec=JobSpec(name="c", command="true", gpus=2)
     )[0]
     assert other.state == JobState.QUEUED
+
+
+def test_storage_quota_requests_are_listed_and_decided_on_the_operators_queue(team, operator, sent):
+    from storage.models import StorageQuota, StorageQuotaRequest
+
+    with sent():
+        signed_in(team["owner"]).post(
+            "/projects/alpha/storage/request/", {"max_gib": "750", "justification": "new corpus"}
+        )
+    asked = StorageQuotaRequest.objects.get(project=team["a"])
+    assert asked.status == "pending" and [m.to for m in mail.outbox] == [[operator.email]]
+    assert mail.outbox[0].subject == f"Storage quota request from {team['a'].name}"
+    queue = signed_in(operator).get("/ops/requests/").content.decode()
+    row = queue[queue.index('data-testid="storage-queue"') :]
+    assert "new corpus" in row and "750 GiB" in row
+    assert f"/ops/storage/requests/{asked.pk}/decide/" in row  # decidable from the queue
+    with sent():
+        resp = signed_in(operator).post(
+            f"/ops/storage/requests/{asked.pk}/decide/", {"decision": "approve", "reason": "ok"}
+        )
+    assert resp.status_code == 302 and resp["Location"] == "/ops/requests/"
+    asked.refresh_from_db()
+    assert asked.status == "approved" and asked.decided_by == operator
+    assert StorageQuota.objects.get(project=team["a"]).max_gib == 750
+    assert mail.outbox[-1].to == [team["owner"].email]
+    assert "750 GiB" in mail.outbox[-1].body and "approved" in mail.outbox[-1].subject
+    actions = set(AuditEvent.objects.filter(project=team["a"]).values_list("action", flat=True))
+    assert {"storage.quota.request", "storage.quota.request.approve", "storage.quota.set"} <= (
+        actions
+    )
+    queue = signed_in(operator).get("/ops/requests/").content.decode()
+    assert "No storage quota requests waiting." in queue
+    assert "Storage quota: 750 GiB" in queue  # among the recent decisions
