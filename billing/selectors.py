@@ -593,6 +593,15 @@ def usage_records_for_export(*, project: Project, period_start: date) -> QuerySe
     )
 
 
+def storage_records_for_export(
+    *, project: Project, period_start: date, invoice: Invoice
+) -> QuerySet[StorageUsageRecord]:
+    """The project's storage records of the month on `invoice` (the open month's draft)."""
+    return StorageUsageRecord.objects.filter(
+        project=project, period_start=period_start, invoice=invoice
+    )
+
+
 # ---- invoices -------------------------------------------------------------------------------
 
 

@@ -167,7 +167,10 @@ def _focus_rows(
     if invoice is None:
         return iter(())
     if invoice.status == Invoice.Status.DRAFT:
-        return exports.focus_rows_open_month(invoice, records)
+        storage = selectors.storage_records_for_export(
+            project=project, period_start=period, invoice=invoice
+        )
+        return exports.focus_rows_open_month(invoice, records, storage)
     return exports.focus_rows_for_invoice(invoice)
 
 

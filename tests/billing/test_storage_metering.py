@@ -3,6 +3,8 @@ list, on the usage page, the invoice and the FOCUS export (as Storage, not GPU).
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import date
 from decimal import Decimal
 
@@ -114,3 +116,65 @@ def test_storage_on_the_usage_page_the_invoice_and_the_focus_export(
     # no GPU here: every cent is storage (the tax row, at 0 %, bills nothing)
     assert total(storage_rows) == invoice.total
     assert not [r for r in focus if r["ResourceType"] == "GPU"]
+
+
+def focus_of_month(client, slug: str, month: str) -> tuple[str, list[dict[str, str]]]:
+    response = client.get(f"/billing/projects/{slug}/focus.csv?month={month}")
+    text = b"".join(response.streaming_content).decode()
+    return text, list(csv.DictReader(io.StringIO(text)))
+
+
+def test_the_open_months_focus_export_lists_storage_and_adds_up_to_the_invoice(
+    lab, place, client, tmp_path, monkeypatch
+):
+    """Mid-month, a finance person's FOCUS export holds storage rows (Storage, GB-Months)
+    beside the GPU rows; they pass focus-validator, they sum to what the usage page shows,
+    and once the month is invoiced the issued invoice's rows are the same rows."""
+    a = lab["a"]
+    account = services.account_open_for_project(project=a)
+    place(start=at("2025-04-03 00:00:00"), end=at("2025-04-03 02:17:13"))
+    volume(a, "ckpt", size=50, created=at("2025-04-02 00:00"), deleted=at("2025-04-12 00:00"))
+    volume(
+        a,
+        "corpus",
+        size=7,
+        is_dataset=True,
+        created=at("2025-04-05 00:00"),
+        deleted=at("2025-04-12 00:00"),
+    )
+    volume(lab["b"], "theirs", size=500, created=at("2025-04-02 00:00"))  # another project
+    now = at("2025-04-16 00:00")
+    services.usage_meter(now=now)
+    storage_meter(now=now)
+
+    client.force_login(lab["owner"])
+    text, rows = focus_of_month(client, "alpha", "2025-04")
+    path = tmp_path / "open.csv"
+    path.write_text(text)
+    assert focus_errors(path, monkeypatch) == []
+    storage_rows = [r for r in rows if r["ServiceCategory"] == "Storage"]
+    gpu_rows = [r for r in rows if r["ServiceCategory"] == "Compute"]
+    assert gpu_rows and len(gpu_rows) + len(storage_rows) == len(rows)
+    assert {r["ResourceName"] for r in storage_rows} == {"alpha/ckpt", "alpha/corpus"}
+    assert {r["ConsumedUnit"] for r in storage_rows} == {"GB-Months"}
+    assert {r["ResourceType"] for r in storage_rows} == {"Volume"}
+    # ckpt: 50 GiB × 240 h / 730; corpus: 7 GiB × 168 h / 730
+    quantity = {r["ResourceName"]: Decimal(r["ConsumedQuantity"]) for r in storage_rows}
+    assert quantity["alpha/ckpt"] == (Decimal(50 * 240) / 730).quantize(Decimal("1e-10"))
+    assert quantity["alpha/corpus"] == (Decimal(7 * 168) / 730).quantize(Decimal("1e-10"))
+    summary = usage_summary(project=a, period_start=APRIL, now=now)
+    assert total(storage_rows).quantize(Decimal("0.01")) == summary.storage
+    assert total(rows).quantize(Decimal("0.01")) == summary.metered.quantize(Decimal("0.01"))
+
+    invoice = services.invoice_close(
+        account_id=account.pk, period_start=APRIL, now=at("2025-05-01 00:30")
+    )
+    _, issued = export(client, invoice)
+    issued_storage = [
+        r for r in issued if r["ServiceCategory"] == "Storage" and r["ChargeCategory"] == "Usage"
+    ]
+    assert sorted((r["ResourceName"], r["BilledCost"]) for r in issued_storage) == sorted(
+        (r["ResourceName"], r["BilledCost"]) for r in storage_rows
+    )
+    assert total(issued) == invoice.total
+    assert abs(total(rows) - invoice.subtotal) < Decimal("0.01")
