@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from billing import services
 from billing.models import StoragePrice, StorageUsageRecord
 from billing.selectors import usage_summary
 from billing.services.storage_metering import storage_meter
+from scheduler.models import Gpu
+from storage import services as storage_services
 from storage.models import Volume, VolumeKind
 from tests.billing.conftest import at
 from tests.billing.test_focus import export, focus_errors, total
@@ -178,3 +181,47 @@ def test_the_open_months_focus_export_lists_storage_and_adds_up_to_the_invoice(
     )
     assert total(issued) == invoice.total
     assert abs(total(rows) - invoice.subtotal) < Decimal("0.01")
+
+
+def test_a_dataset_mounted_by_many_jobs_is_billed_once_per_slice(lab, place):
+    """Mounts are not what is metered: one record per dataset and hour slice, whatever runs,
+    and metering again (by project, by everything, at the close) never adds a second."""
+    a = lab["a"]
+    account = services.account_open_for_project(project=a)
+    ds = volume(a, "imagenet", size=150, is_dataset=True, created=at("2025-04-10 00:00"))
+    for gpu in Gpu.objects.filter(model=lab["h100"]).order_by("pk")[:4]:
+        place(gpu=gpu, start=at("2025-04-10 00:00"), end=at("2025-04-10 06:00"))
+    storage_meter(now=at("2025-04-10 03:00"), project_ids=[a.pk])
+    storage_meter(now=at("2025-04-10 03:30"))
+    storage_meter(now=at("2025-04-10 06:00"), project_ids=[a.pk])
+    storage_meter(now=at("2025-04-10 06:00"))
+    records = list(StorageUsageRecord.objects.filter(volume=ds).order_by("slice_start"))
+    assert [r.slice_start for r in records] == [at(f"2025-04-10 0{h}:00") for h in range(6)]
+    assert {r.gib_seconds for r in records} == {150 * 3600}
+    invoice = services.invoice_close(
+        account_id=account.pk, period_start=APRIL, now=at("2025-05-01 00:30")
+    )
+    line = invoice.lines.get(kind="storage")
+    # 150 GiB for the 504 h from April 10 to May 1, once: 150 × 504 / 730 GB-months at 0.10
+    assert line.amount == (Decimal(150 * 504) * Decimal("0.10") / 730).quantize(Decimal("0.01"))
+    assert StorageUsageRecord.objects.filter(volume=ds, period_start=APRIL).count() == 504
+
+
+def test_a_deleted_volume_is_metered_to_its_deletion_and_no_further(lab):
+    """Deleted through the storage service (which stamps the moment): metered to that second,
+    then never again, however often metering runs later."""
+    a = lab["a"]
+    now = timezone.now()
+    created = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
+    v = volume(a, "scratchpad", size=20, created=created)
+    storage_meter(now=now)
+    storage_services.volume_delete(actor=lab["owner"], project=a, volume_id=v.pk)
+    deleted_at = Volume.objects.get(pk=v.pk).deleted_at
+    assert deleted_at is not None
+    for later in (1, 3, 48):
+        storage_meter(now=deleted_at + timedelta(hours=later))
+    records = list(StorageUsageRecord.objects.filter(volume=v).order_by("slice_start"))
+    assert records[-1].slice_end == deleted_at.replace(microsecond=0)
+    seconds = int((deleted_at.replace(microsecond=0) - created).total_seconds())
+    assert sum(r.gib_seconds for r in records) == 20 * seconds
+    assert not StorageUsageRecord.objects.filter(volume=v, slice_end__gt=deleted_at).exists()
