@@ -25,6 +25,7 @@ from billing.models import (
     PriceVersion,
     ProjectBilling,
     ReservedPlan,
+    StoragePrice,
     StorageUsageRecord,
     Tier,
     UsageRecord,
@@ -252,6 +253,14 @@ def project_spend(*, project_ids: set[int], now: datetime | None = None) -> dict
     )
     for alloc, amount, _ in _open_usage(allocs, since=start, now=now):
         spend[alloc.job.project_id] += amount
+    # storage is billed, so it is spent: volumes' metered GB-months of this month count
+    for pid, amount in (
+        StorageUsageRecord.objects.filter(project_id__in=project_ids, period_start=start.date())
+        .values_list("project_id")
+        .annotate(total=Sum("amount"))
+        .values_list("project_id", "total")
+    ):
+        spend[pid] += amount or ZERO
     return spend
 
 
@@ -291,10 +300,11 @@ def jobs_cost(
 
 
 def project_burn_per_hour(*, project_id: int, now: datetime | None = None) -> Decimal:
-    """What the project's running allocations cost per hour now, as metering bills them."""
+    """What the project's running allocations and held volumes cost per hour now, as
+    metering bills them."""
     table = PriceTable.load()
     now = now or timezone.now()
-    return sum(
+    return storage_burn_per_hour(project_id=project_id, now=now) + sum(
         (
             shares_cost_per_hour(
                 shares=[(alloc.gpu_model, alloc.billed_share())],
@@ -307,6 +317,29 @@ def project_burn_per_hour(*, project_id: int, now: datetime | None = None) -> De
             ).select_related("job", "gpu", "gpu_model")
         ),
         ZERO,
+    )
+
+
+def storage_burn_per_hour(*, project_id: int, now: datetime) -> Decimal:
+    """What the project's metered volumes (all but scratch) cost per hour at the storage
+    price in effect now: GiB of size limit × price per GB-month / 730 h."""
+    from storage.models import Volume, VolumeKind
+
+    gib = (
+        Volume.objects.filter(project_id=project_id, deleted_at__isnull=True, created_at__lt=now)
+        .exclude(kind=VolumeKind.SCRATCH)
+        .aggregate(total=Sum("size_gib"))["total"]
+    )
+    if not gib:
+        return ZERO
+    price = StoragePrice.objects.filter(effective_from__lte=now).order_by("-effective_from").first()
+    if price is None:
+        return ZERO
+    return (
+        Decimal(gib)
+        * price.per_gib_month
+        * pricing.SECONDS_PER_HOUR
+        / pricing.STORAGE_MONTH_SECONDS
     )
 
 
@@ -539,7 +572,7 @@ def _summary_running_month(
     open_rows = _open_usage(allocs, since=start, now=now)
     summary.open_estimate = pricing.to_cents(pricing.sum_amounts(a for _, a, _ in open_rows))
     table = PriceTable.load()
-    burn = sum(
+    burn = storage_burn_per_hour(project_id=summary.project.pk, now=now) + sum(
         (
             shares_cost_per_hour(
                 shares=[(alloc.gpu_model, alloc.billed_share())],

@@ -12,8 +12,8 @@ import pytest
 from django.utils import timezone
 
 from billing import services
-from billing.models import StoragePrice, StorageUsageRecord
-from billing.selectors import usage_summary
+from billing.models import BudgetAlert, StoragePrice, StorageUsageRecord
+from billing.selectors import project_burn_per_hour, project_spend, usage_summary
 from billing.services.storage_metering import storage_meter
 from scheduler.models import Gpu
 from storage import services as storage_services
@@ -225,3 +225,32 @@ def test_a_deleted_volume_is_metered_to_its_deletion_and_no_further(lab):
     seconds = int((deleted_at.replace(microsecond=0) - created).total_seconds())
     assert sum(r.gib_seconds for r in records) == 20 * seconds
     assert not StorageUsageRecord.objects.filter(volume=v, slice_end__gt=deleted_at).exists()
+
+
+def test_storage_counts_toward_the_budget_its_alerts_and_the_hard_cap(lab, place):
+    """Storage is billed, so it is spend: the budget's figures, its threshold alerts and the
+    hard cap count it with GPU time (a project that only holds volumes reaches its budget)."""
+    a = lab["a"]
+    services.account_open_for_project(project=a)
+    now = at("2025-04-16 00:00")
+    # 730 GiB for 15 days (360 h) at 0.10 per GB-month: 36.00 of storage, no GPU at all
+    volume(a, "ckpt", size=730, created=at("2025-04-01 00:00"))
+    storage_meter(now=now)
+    services.budget_set(actor=lab["owner"], project=a, monthly_amount=Decimal("40.00"))
+    assert project_spend(project_ids={a.pk}, now=now)[a.pk] == Decimal("36.00")
+    assert [x.threshold for x in services.budgets_check(now=now)] == [80]
+    alert = BudgetAlert.objects.get(project=a, threshold=80)
+    assert alert.spent == Decimal("36.00")
+    summary = usage_summary(project=a, period_start=APRIL, now=now)
+    assert summary.to_date == Decimal("36.00") and summary.budget_percent == 90
+    # the burn rate counts the held volume: 730 GiB × 0.10 / 730 h = 0.10 an hour
+    assert project_burn_per_hour(project_id=a.pk, now=now) == Decimal("0.10")
+    assert summary.burn_per_hour == Decimal("0.10")
+
+    # with a hard cap, storage pushes the project over: its GPU job is stopped
+    running = place(start=at("2025-04-15 00:00"))
+    services.budget_set(
+        actor=lab["owner"], project=a, monthly_amount=Decimal("30.00"), hard_cap=True
+    )
+    result = services.budget_caps_enforce(now=now)
+    assert result.stopped == [running.job_id]
