@@ -618,6 +618,21 @@ def _add_storage(summary: UsageSummary) -> None:
     summary.storage = pricing.to_cents(summary.storage)
 
 
+def invoice_volume_summary(*, invoice: Invoice) -> list[dict[str, Any]]:
+    """The storage on an invoice by project and volume: size limit, GB-months, amount."""
+    rows = list(
+        StorageUsageRecord.objects.filter(invoice=invoice)
+        .values("project__slug", "volume_id", "volume__name", "volume__kind", "volume__is_dataset")
+        .annotate(gs=Sum("gib_seconds"), cost=Sum("amount"), size=Max("size_gib"))
+        .order_by("project__slug", "volume__name", "volume_id")
+    )
+    for row in rows:
+        row["kind"] = "dataset" if row["volume__is_dataset"] else row["volume__kind"]
+        row["gb_months"] = pricing.gb_months(row["gs"] or 0)
+        row["amount"] = pricing.to_cents(row["cost"] or ZERO)
+    return rows
+
+
 def usage_records_for_export(*, project: Project, period_start: date) -> QuerySet[UsageRecord]:
     return (
         UsageRecord.objects.filter(project=project, period_start=period_start)

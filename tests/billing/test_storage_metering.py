@@ -9,9 +9,11 @@ from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
+from django.template.loader import render_to_string
 from django.utils import timezone
 
 from billing import services
+from billing.documents import invoice_context
 from billing.models import BudgetAlert, StoragePrice, StorageUsageRecord
 from billing.selectors import project_burn_per_hour, project_spend, usage_summary
 from billing.services.storage_metering import storage_meter
@@ -254,3 +256,31 @@ def test_storage_counts_toward_the_budget_its_alerts_and_the_hard_cap(lab, place
     )
     result = services.budget_caps_enforce(now=now)
     assert result.stopped == [running.job_id]
+
+
+def test_invoice_page_pdf_and_email_show_storage_in_gb_months(lab, place, client, mailoutbox):
+    """Storage on the invoice documents is storage: GB-months at a price per GB-month (never
+    GPU-hours or "/GPU-h"), and a by-volume table beside the by-job one."""
+    a = lab["a"]
+    account = services.account_open_for_project(project=a)
+    place(start=at("2025-04-10 00:00"), end=at("2025-04-10 05:00"))
+    volume(a, "ckpt", size=730, created=at("2025-04-01 00:00"), deleted=at("2025-04-11 00:00"))
+    invoice = services.invoice_close(
+        account_id=account.pk, period_start=APRIL, now=at("2025-05-01 00:30")
+    )
+    line = invoice.lines.get(kind="storage")
+    assert line.amount == Decimal("24.00")  # 730 GiB × 240 h / 730 at 0.10
+    html = render_to_string("billing/invoice_pdf.html", invoice_context(invoice))
+    assert "240.0000 GB-months" in html and "$0.1000/GB-month" in html
+    assert 'data-testid="invoice-volumes"' in html and "ckpt" in html
+    assert "/GPU-h" in html  # the GPU line keeps its unit
+    client.force_login(lab["owner"])
+    page = client.get(f"/billing/invoices/{invoice.pk}/").content.decode()
+    assert "240.0000 GB-months" in page and 'data-testid="invoice-volumes"' in page
+    assert services.invoice_send_email(invoice_id=invoice.pk) is True
+    text = mailoutbox[0].body
+    storage_line = next(t for t in text.splitlines() if t.startswith(f"{line.position}. "))
+    assert "240.0000 GB-months @ $0.1000/GB-month: $24.00" in storage_line
+    assert "GPU-h" not in storage_line
+    html_mail = mailoutbox[0].alternatives[0][0]
+    assert "240.0000 GB-months" in html_mail
