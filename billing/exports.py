@@ -46,6 +46,12 @@ CSV_COLUMNS = [
     "amount",
     "fault_credit",
     "invoice",
+    # storage rows (kind "storage") leave the GPU columns empty and fill these
+    "kind",
+    "volume",
+    "size_gib",
+    "gb_months",
+    "rate_per_gb_month",
 ]
 
 FOCUS_COLUMNS = [
@@ -166,9 +172,47 @@ def usage_csv_rows(records: Iterable[UsageRecord]) -> Iterator[list[Any]]:
             r.gross_amount,
             r.amount,
             int(r.fault_credit),
-            r.invoice.number
-            if r.invoice is not None and r.invoice.status not in UNISSUED_STATUSES
-            else "",
+            _invoice_number(r.invoice),
+            "gpu",
+            "",
+            "",
+            "",
+            "",
+        ]
+
+
+def _invoice_number(invoice: Invoice | None) -> str:
+    return invoice.number if invoice is not None and invoice.status not in UNISSUED_STATUSES else ""
+
+
+def storage_csv_rows(records: Iterable[StorageUsageRecord]) -> Iterator[list[Any]]:
+    """Storage records in the CSV's columns: one row per volume slice, kind "storage"."""
+    for r in records:
+        yield [
+            r.pk,
+            r.project.slug,
+            "",
+            "",
+            "",
+            "",
+            "",
+            _iso(r.slice_start),
+            _iso(r.slice_end),
+            int((r.slice_end - r.slice_start).total_seconds()),
+            "",
+            "",
+            "",
+            "",
+            "",
+            r.amount,
+            r.amount,
+            0,
+            _invoice_number(r.invoice),
+            "storage",
+            r.volume.name,
+            r.size_gib,
+            pricing.gb_months(r.gib_seconds),
+            r.rate,
         ]
 
 

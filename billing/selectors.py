@@ -618,6 +618,17 @@ def _add_storage(summary: UsageSummary) -> None:
     summary.storage = pricing.to_cents(summary.storage)
 
 
+def storage_records_for_csv(
+    *, project: Project, period_start: date
+) -> QuerySet[StorageUsageRecord]:
+    """The project's storage records of a month, for the usage CSV."""
+    return (
+        StorageUsageRecord.objects.filter(project=project, period_start=period_start)
+        .select_related("project", "volume", "invoice")
+        .order_by("slice_start", "pk")
+    )
+
+
 def invoice_volume_summary(*, invoice: Invoice) -> list[dict[str, Any]]:
     """The storage on an invoice by project and volume: size limit, GB-months, amount."""
     rows = list(

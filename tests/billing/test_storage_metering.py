@@ -284,3 +284,25 @@ def test_invoice_page_pdf_and_email_show_storage_in_gb_months(lab, place, client
     assert "GPU-h" not in storage_line
     html_mail = mailoutbox[0].alternatives[0][0]
     assert "240.0000 GB-months" in html_mail
+
+
+def test_the_usage_csv_lists_storage_rows_that_add_up_with_gpu(lab, place, client):
+    a = lab["a"]
+    services.account_open_for_project(project=a)
+    place(start=at("2025-04-10 00:00"), end=at("2025-04-10 02:00"))
+    volume(a, "ckpt", size=73, created=at("2025-04-10 00:00"), deleted=at("2025-04-10 10:00"))
+    volume(lab["b"], "theirs", size=9, created=at("2025-04-10 00:00"))  # not alpha's
+    now = at("2025-04-16 00:00")
+    services.usage_meter(now=now)
+    storage_meter(now=now)
+    client.force_login(lab["viewer"])
+    body = client.get("/billing/projects/alpha/usage.csv?month=2025-04").streaming_content
+    rows = list(csv.DictReader(io.StringIO(b"".join(body).decode())))
+    storage_rows = [r for r in rows if r["kind"] == "storage"]
+    assert {r["volume"] for r in storage_rows} == {"ckpt"} and len(storage_rows) == 10
+    assert {r["gpu_model"] for r in storage_rows} == {""}
+    # 73 GiB × 10 h = 1 GB-month at 0.10
+    assert sum(Decimal(r["gb_months"]) for r in storage_rows) == Decimal("1.0000")
+    assert {r["kind"] for r in rows} == {"gpu", "storage"}
+    summary = usage_summary(project=a, period_start=APRIL, now=now)
+    assert sum(Decimal(r["amount"]) for r in rows).quantize(Decimal("0.01")) == summary.metered
