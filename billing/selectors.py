@@ -143,6 +143,14 @@ def price_list(*, now: datetime | None = None) -> list[PriceVersion]:
     return out
 
 
+def storage_price_list(*, now: datetime | None = None) -> list[StoragePrice]:
+    """The storage price in effect now (per GB-month), and any scheduled change after it."""
+    now = now or timezone.now()
+    versions = list(StoragePrice.objects.order_by("effective_from"))
+    current = [v for v in versions if v.effective_from <= now]
+    return current[-1:] + [v for v in versions if v.effective_from > now]
+
+
 # ---- accounts and spend ---------------------------------------------------------------------
 
 

@@ -17,6 +17,8 @@ from billing.documents import invoice_context
 from billing.models import BudgetAlert, StoragePrice, StorageUsageRecord
 from billing.selectors import project_burn_per_hour, project_spend, usage_summary
 from billing.services.storage_metering import storage_meter
+from portal.errors import DomainError
+from portal.models import AuditEvent, User
 from scheduler.models import Gpu
 from storage import services as storage_services
 from storage.models import Volume, VolumeKind
@@ -306,3 +308,56 @@ def test_the_usage_csv_lists_storage_rows_that_add_up_with_gpu(lab, place, clien
     assert {r["kind"] for r in rows} == {"gpu", "storage"}
     summary = usage_summary(project=a, period_start=APRIL, now=now)
     assert sum(Decimal(r["amount"]) for r in rows).quantize(Decimal("0.01")) == summary.metered
+
+
+def test_the_storage_price_is_listed_and_operators_publish_new_versions_only(lab, client):
+    """Like GPU prices: the API lists the price per GB-month in effect and scheduled ones; an
+    operator adds a version from now on in the admin; one in effect cannot be edited or
+    deleted, and a start in the past is a form error naming the field."""
+    storage_meter(now=at("2025-01-01 00:00"))  # seeds the default price
+    seeded = StoragePrice.objects.get()
+    later = timezone.now() + timedelta(days=3)
+    services.storage_price_publish(
+        actor=None, effective_from=later, per_gib_month=Decimal("0.08"), note="cheaper"
+    )
+    with pytest.raises(DomainError) as past:
+        services.storage_price_publish(
+            actor=None, effective_from=at("2025-01-02 00:00"), per_gib_month=Decimal("1")
+        )
+    assert past.value.field == "effective_from"
+    client.force_login(lab["viewer"])
+    listed = client.get("/api/v1/billing/prices/storage").json()
+    assert [p["per_gib_month"] for p in listed] == ["0.1000", "0.0800"]
+
+    staff = User.objects.create_user("op@example.com", "x")
+    User.objects.filter(pk=staff.pk).update(is_staff=True, is_superuser=True)
+    client.force_login(User.objects.get(pk=staff.pk))
+    base = "/admin/billing/storageprice/"
+    # the version in effect cannot be edited or deleted
+    assert client.post(f"{base}{seeded.pk}/change/", {}).status_code == 403
+    assert client.post(f"{base}{seeded.pk}/delete/", {"post": "yes"}).status_code == 403
+    refused = client.post(
+        f"{base}add/",
+        {
+            "effective_from_0": "2025-01-05",
+            "effective_from_1": "00:00:00",
+            "per_gib_month": "0.2",
+            "note": "back-dated",
+        },
+    )
+    assert refused.status_code == 200 and b"cannot take effect in the past" in refused.content
+    future = timezone.now() + timedelta(days=10)
+    added = client.post(
+        f"{base}add/",
+        {
+            "effective_from_0": f"{future:%Y-%m-%d}",
+            "effective_from_1": "00:00:00",
+            "per_gib_month": "0.2",
+            "note": "dearer",
+        },
+    )
+    assert added.status_code == 302
+    assert StoragePrice.objects.filter(per_gib_month=Decimal("0.2")).exists()
+    assert AuditEvent.objects.filter(action="admin.storageprice.add").exists()
+    assert AuditEvent.objects.filter(action="billing.storage_price.publish").exists()
+    assert StoragePrice.objects.get(pk=seeded.pk).per_gib_month == Decimal("0.1000")
