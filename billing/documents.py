@@ -10,7 +10,7 @@ from django.template.loader import render_to_string
 
 from billing import pricing, selectors
 from billing.models import Invoice, InvoiceLine
-from billing.services.storage_metering import storage_line_groups
+from billing.services.storage_metering import StorageGroup, storage_line_groups
 from portal.models import Project
 
 FAULT_POLICY = (
@@ -32,7 +32,9 @@ def _quantities(invoice: Invoice, lines: list[InvoiceLine]) -> None:
     """Each line's quantity and units as documents print them: GPU-hours at a price per
     GPU-hour for GPU time, GB-months at a price per GB-month for storage (from its records:
     a storage line has no GPU-hours)."""
-    storage = {(g.period_start, g.rate): g for g in storage_line_groups(invoice)}
+    storage: dict[tuple[Any, Any], StorageGroup] = {
+        (g.period_start, g.rate): g for g in storage_line_groups(invoice)
+    }
     kind = InvoiceLine.Kind
     for line in lines:
         quantity, unit, per = line.gpu_hours, "GPU-h", "GPU-h"

@@ -639,12 +639,13 @@ def storage_records_for_csv(
 
 def invoice_volume_summary(*, invoice: Invoice) -> list[dict[str, Any]]:
     """The storage on an invoice by project and volume: size limit, GB-months, amount."""
-    rows = list(
-        StorageUsageRecord.objects.filter(invoice=invoice)
+    rows: list[dict[str, Any]] = [
+        dict(row)
+        for row in StorageUsageRecord.objects.filter(invoice=invoice)
         .values("project__slug", "volume_id", "volume__name", "volume__kind", "volume__is_dataset")
         .annotate(gs=Sum("gib_seconds"), cost=Sum("amount"), size=Max("size_gib"))
         .order_by("project__slug", "volume__name", "volume_id")
-    )
+    ]
     for row in rows:
         row["kind"] = "dataset" if row["volume__is_dataset"] else row["volume__kind"]
         row["gb_months"] = pricing.gb_months(row["gs"] or 0)
