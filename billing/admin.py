@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db.models import Model
 from django.forms import ModelForm
@@ -326,12 +327,47 @@ class MonthCloseAdmin(ReadOnlyAdmin):
     list_filter = ["status"]
 
 
+class StoragePriceForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = StoragePrice
+        fields = ["effective_from", "per_gib_month", "note"]
+
+    def clean_effective_from(self) -> Any:
+        value = self.cleaned_data["effective_from"]
+        if value is not None and value < pricing.floor_second(timezone.now()):
+            raise forms.ValidationError(
+                "A price change cannot take effect in the past; choose a time from now on."
+            )
+        return value
+
+
 @admin.register(StoragePrice)
 class StoragePriceAdmin(AuditedAdmin):
     """The storage price per GB-month; publish a new one with a later start (never edit one
     that metering has used)."""
 
     list_display = ("effective_from", "per_gib_month", "note", "created_at")
+    form = StoragePriceForm
+    readonly_fields = ["created_at"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # a version already in effect has priced storage: publish a new one instead
+        if obj is not None and obj.effective_from <= timezone.now():
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.effective_from <= timezone.now():
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Model, form: ModelForm, change: bool) -> None:  # type: ignore[type-arg]
+        assert isinstance(obj, StoragePrice)
+        if obj.effective_from < pricing.floor_second(timezone.now()):
+            from django.core.exceptions import ValidationError
+
+            raise ValidationError("A price change cannot take effect in the past.")
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(StorageUsageRecord)

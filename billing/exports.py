@@ -11,7 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Max, Min, Sum
+from django.db.models import Max, Min, QuerySet, Sum
 
 from billing import pricing
 from billing.models import (
@@ -46,6 +46,12 @@ CSV_COLUMNS = [
     "amount",
     "fault_credit",
     "invoice",
+    # storage rows (kind "storage") leave the GPU columns empty and fill these
+    "kind",
+    "volume",
+    "size_gib",
+    "gb_months",
+    "rate_per_gb_month",
 ]
 
 FOCUS_COLUMNS = [
@@ -166,9 +172,47 @@ def usage_csv_rows(records: Iterable[UsageRecord]) -> Iterator[list[Any]]:
             r.gross_amount,
             r.amount,
             int(r.fault_credit),
-            r.invoice.number
-            if r.invoice is not None and r.invoice.status not in UNISSUED_STATUSES
-            else "",
+            _invoice_number(r.invoice),
+            "gpu",
+            "",
+            "",
+            "",
+            "",
+        ]
+
+
+def _invoice_number(invoice: Invoice | None) -> str:
+    return invoice.number if invoice is not None and invoice.status not in UNISSUED_STATUSES else ""
+
+
+def storage_csv_rows(records: Iterable[StorageUsageRecord]) -> Iterator[list[Any]]:
+    """Storage records in the CSV's columns: one row per volume slice, kind "storage"."""
+    for r in records:
+        yield [
+            r.pk,
+            r.project.slug,
+            "",
+            "",
+            "",
+            "",
+            "",
+            _iso(r.slice_start),
+            _iso(r.slice_end),
+            int((r.slice_end - r.slice_start).total_seconds()),
+            "",
+            "",
+            "",
+            "",
+            "",
+            r.amount,
+            r.amount,
+            0,
+            _invoice_number(r.invoice),
+            "storage",
+            r.volume.name,
+            r.size_gib,
+            pricing.gb_months(r.gib_seconds),
+            r.rate,
         ]
 
 
@@ -261,7 +305,9 @@ def focus_rows_for_invoice(invoice: Invoice) -> Iterator[list[Any]]:
         if of_line is not None:
             exact[of_line.pk] = exact.get(of_line.pk, pricing.ZERO) + r.amount
         yield _usage_row(ctx, r, of_line, commitments)
-    yield from _storage_rows(ctx, lines, exact)
+    yield from _storage_rows(
+        ctx, StorageUsageRecord.objects.filter(invoice=invoice), _storage_lines(lines), exact
+    )
     for model, plan in commitments.plan_of.items():
         unused = commitments.fees[model] - commitments.amortized[model]
         if unused:
@@ -444,19 +490,28 @@ def _usage_row(
     )
 
 
-def _storage_rows(
-    ctx: _FocusContext, lines: list[InvoiceLine], exact: dict[int, Decimal]
-) -> Iterator[list[Any]]:
-    """Storage on the invoice: one row per volume and storage line (its records' exact sum;
-    the line's rounding row comes with the line), as ServiceCategory Storage in GB-months."""
-    line_of = {
+def _storage_lines(lines: list[InvoiceLine]) -> dict[tuple[Any, Any], InvoiceLine]:
+    """The invoice's storage lines by (month, rate): the key its storage records group by."""
+    return {
         (line.usage_period_start, line.unit_price): line
         for line in lines
         if line.kind == InvoiceLine.Kind.STORAGE
     }
+
+
+def _storage_rows(
+    ctx: _FocusContext,
+    records: QuerySet[StorageUsageRecord],
+    line_of: dict[tuple[Any, Any], InvoiceLine],
+    exact: dict[int, Decimal],
+) -> Iterator[list[Any]]:
+    """Storage `records` (an invoice's, or a project's on the open month's draft): one row per
+    volume, month, rate and price version (the records' exact sum; a line's rounding row
+    comes with the line), as ServiceCategory Storage in GB-months."""
     groups = list(
-        StorageUsageRecord.objects.filter(invoice=ctx.invoice)
-        .values("period_start", "rate", "volume_id", "volume__name", "project_id", "price_id")
+        records.values(
+            "period_start", "rate", "volume_id", "volume__name", "project_id", "price_id"
+        )
         .annotate(
             gs=Sum("gib_seconds"),
             cost=Sum("amount"),
@@ -580,10 +635,17 @@ def _line_rows(
         )
 
 
-def focus_rows_open_month(invoice: Invoice, records: Iterable[UsageRecord]) -> Iterator[list[Any]]:
-    """Usage of a month not yet invoiced (`invoice` is its draft): the records' rows only;
-    fees, credits, tax and rounding come with the invoice at the close."""
+def focus_rows_open_month(
+    invoice: Invoice,
+    records: Iterable[UsageRecord],
+    storage: QuerySet[StorageUsageRecord] | None = None,
+) -> Iterator[list[Any]]:
+    """Usage of a month not yet invoiced (`invoice` is its draft): the GPU records' rows, then
+    the `storage` records' rows (ServiceCategory Storage, GB-Months), the same rows the issued
+    invoice will carry; fees, credits, tax and rounding come with the invoice at the close."""
     ctx = _FocusContext.of(invoice)
     none = _Commitments({}, {}, {}, {})
     for r in records:
         yield _usage_row(ctx, r, None, none)
+    if storage is not None:
+        yield from _storage_rows(ctx, storage, {}, {})

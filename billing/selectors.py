@@ -25,6 +25,7 @@ from billing.models import (
     PriceVersion,
     ProjectBilling,
     ReservedPlan,
+    StoragePrice,
     StorageUsageRecord,
     Tier,
     UsageRecord,
@@ -142,6 +143,14 @@ def price_list(*, now: datetime | None = None) -> list[PriceVersion]:
     return out
 
 
+def storage_price_list(*, now: datetime | None = None) -> list[StoragePrice]:
+    """The storage price in effect now (per GB-month), and any scheduled change after it."""
+    now = now or timezone.now()
+    versions = list(StoragePrice.objects.order_by("effective_from"))
+    current = [v for v in versions if v.effective_from <= now]
+    return current[-1:] + [v for v in versions if v.effective_from > now]
+
+
 # ---- accounts and spend ---------------------------------------------------------------------
 
 
@@ -252,6 +261,14 @@ def project_spend(*, project_ids: set[int], now: datetime | None = None) -> dict
     )
     for alloc, amount, _ in _open_usage(allocs, since=start, now=now):
         spend[alloc.job.project_id] += amount
+    # storage is billed, so it is spent: volumes' metered GB-months of this month count
+    for pid, amount in (
+        StorageUsageRecord.objects.filter(project_id__in=project_ids, period_start=start.date())
+        .values_list("project_id")
+        .annotate(total=Sum("amount"))
+        .values_list("project_id", "total")
+    ):
+        spend[pid] += amount or ZERO
     return spend
 
 
@@ -291,10 +308,11 @@ def jobs_cost(
 
 
 def project_burn_per_hour(*, project_id: int, now: datetime | None = None) -> Decimal:
-    """What the project's running allocations cost per hour now, as metering bills them."""
+    """What the project's running allocations and held volumes cost per hour now, as
+    metering bills them."""
     table = PriceTable.load()
     now = now or timezone.now()
-    return sum(
+    return storage_burn_per_hour(project_id=project_id, now=now) + sum(
         (
             shares_cost_per_hour(
                 shares=[(alloc.gpu_model, alloc.billed_share())],
@@ -307,6 +325,29 @@ def project_burn_per_hour(*, project_id: int, now: datetime | None = None) -> De
             ).select_related("job", "gpu", "gpu_model")
         ),
         ZERO,
+    )
+
+
+def storage_burn_per_hour(*, project_id: int, now: datetime) -> Decimal:
+    """What the project's metered volumes (all but scratch) cost per hour at the storage
+    price in effect now: GiB of size limit × price per GB-month / 730 h."""
+    from storage.models import Volume, VolumeKind
+
+    gib = (
+        Volume.objects.filter(project_id=project_id, deleted_at__isnull=True, created_at__lt=now)
+        .exclude(kind=VolumeKind.SCRATCH)
+        .aggregate(total=Sum("size_gib"))["total"]
+    )
+    if not gib:
+        return ZERO
+    price = StoragePrice.objects.filter(effective_from__lte=now).order_by("-effective_from").first()
+    if price is None:
+        return ZERO
+    return (
+        Decimal(gib)
+        * price.per_gib_month
+        * pricing.SECONDS_PER_HOUR
+        / pricing.STORAGE_MONTH_SECONDS
     )
 
 
@@ -539,7 +580,7 @@ def _summary_running_month(
     open_rows = _open_usage(allocs, since=start, now=now)
     summary.open_estimate = pricing.to_cents(pricing.sum_amounts(a for _, a, _ in open_rows))
     table = PriceTable.load()
-    burn = sum(
+    burn = storage_burn_per_hour(project_id=summary.project.pk, now=now) + sum(
         (
             shares_cost_per_hour(
                 shares=[(alloc.gpu_model, alloc.billed_share())],
@@ -585,11 +626,47 @@ def _add_storage(summary: UsageSummary) -> None:
     summary.storage = pricing.to_cents(summary.storage)
 
 
+def storage_records_for_csv(
+    *, project: Project, period_start: date
+) -> QuerySet[StorageUsageRecord]:
+    """The project's storage records of a month, for the usage CSV."""
+    return (
+        StorageUsageRecord.objects.filter(project=project, period_start=period_start)
+        .select_related("project", "volume", "invoice")
+        .order_by("slice_start", "pk")
+    )
+
+
+def invoice_volume_summary(*, invoice: Invoice) -> list[dict[str, Any]]:
+    """The storage on an invoice by project and volume: size limit, GB-months, amount."""
+    rows: list[dict[str, Any]] = [
+        dict(row)
+        for row in StorageUsageRecord.objects.filter(invoice=invoice)
+        .values("project__slug", "volume_id", "volume__name", "volume__kind", "volume__is_dataset")
+        .annotate(gs=Sum("gib_seconds"), cost=Sum("amount"), size=Max("size_gib"))
+        .order_by("project__slug", "volume__name", "volume_id")
+    ]
+    for row in rows:
+        row["kind"] = "dataset" if row["volume__is_dataset"] else row["volume__kind"]
+        row["gb_months"] = pricing.gb_months(row["gs"] or 0)
+        row["amount"] = pricing.to_cents(row["cost"] or ZERO)
+    return rows
+
+
 def usage_records_for_export(*, project: Project, period_start: date) -> QuerySet[UsageRecord]:
     return (
         UsageRecord.objects.filter(project=project, period_start=period_start)
         .select_related("gpu_model", "job", "account", "price_version", "project", "invoice")
         .order_by("slice_start", "pk")
+    )
+
+
+def storage_records_for_export(
+    *, project: Project, period_start: date, invoice: Invoice
+) -> QuerySet[StorageUsageRecord]:
+    """The project's storage records of the month on `invoice` (the open month's draft)."""
+    return StorageUsageRecord.objects.filter(
+        project=project, period_start=period_start, invoice=invoice
     )
 
 

@@ -3,6 +3,7 @@ and the Stripe webhook endpoint."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
@@ -149,7 +150,14 @@ def _export(request: HttpRequest, slug: str, kind: str) -> StreamingHttpResponse
     if kind == "focus":
         lines = exports.csv_lines(exports.FOCUS_COLUMNS, _focus_rows(project, period, records))
     else:
-        lines = exports.csv_lines(exports.CSV_COLUMNS, exports.usage_csv_rows(records))
+        storage = selectors.storage_records_for_csv(project=project, period_start=period)
+        lines = exports.csv_lines(
+            exports.CSV_COLUMNS,
+            itertools.chain(
+                exports.usage_csv_rows(records),
+                exports.storage_csv_rows(storage.iterator(chunk_size=2000)),
+            ),
+        )
     response = StreamingHttpResponse(lines, content_type="text/csv")
     suffix = "focus" if kind == "focus" else "usage"
     response["Content-Disposition"] = (
@@ -167,7 +175,10 @@ def _focus_rows(
     if invoice is None:
         return iter(())
     if invoice.status == Invoice.Status.DRAFT:
-        return exports.focus_rows_open_month(invoice, records)
+        storage = selectors.storage_records_for_export(
+            project=project, period_start=period, invoice=invoice
+        )
+        return exports.focus_rows_open_month(invoice, records, storage)
     return exports.focus_rows_for_invoice(invoice)
 
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
-from billing.models import Budget, Invoice, InvoiceLine, PriceVersion
+from billing.models import Budget, Invoice, InvoiceLine, PriceVersion, StoragePrice
 from portal.api.serializers import StrictSerializer
 
 
@@ -129,6 +129,14 @@ class JobCostSerializer(serializers.Serializer):  # type: ignore[type-arg]
     job_id = serializers.IntegerField()
     cost = serializers.DecimalField(max_digits=14, decimal_places=2)
     currency = serializers.CharField()
+
+
+class StoragePriceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]
+    """A storage price version: USD per GB-month (a GiB of size limit held 730 hours)."""
+
+    class Meta:
+        model = StoragePrice
+        fields = ["effective_from", "per_gib_month", "note"]
 
 
 class PriceSerializer(serializers.ModelSerializer):  # type: ignore[type-arg]

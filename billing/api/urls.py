@@ -6,6 +6,11 @@ from billing.api import views
 
 urlpatterns = [
     path("prices", views.PriceListView.as_view(), name="api-billing-prices"),
+    path(
+        "prices/storage",
+        views.StoragePriceListView.as_view(),
+        name="api-billing-storage-prices",
+    ),
     path("projects/<slug:slug>/usage", views.ProjectUsageView.as_view(), name="api-billing-usage"),
     path(
         "projects/<slug:slug>/budget", views.ProjectBudgetView.as_view(), name="api-billing-budget"

@@ -19,9 +19,10 @@ from billing.api.serializers import (
     InvoiceSerializer,
     JobCostSerializer,
     PriceSerializer,
+    StoragePriceSerializer,
     UsageSummarySerializer,
 )
-from billing.models import Invoice, PriceVersion
+from billing.models import Invoice, PriceVersion, StoragePrice
 from portal.api.schema import PortalAutoSchema, StrictLimitOffsetPagination
 from portal.errors import NotFound
 from portal.models import User
@@ -118,3 +119,15 @@ class PriceListView(generics.ListAPIView):  # type: ignore[type-arg]
 
     def get_queryset(self) -> list[PriceVersion]:  # type: ignore[override]
         return selectors.price_list()
+
+
+class StoragePriceListView(generics.ListAPIView):  # type: ignore[type-arg]
+    """The storage price per GB-month in effect now, and scheduled changes (operators publish
+    new versions in the admin; one in effect is never edited)."""
+
+    schema = PortalAutoSchema()
+    serializer_class = StoragePriceSerializer
+    pagination_class = None
+
+    def get_queryset(self) -> list[StoragePrice]:  # type: ignore[override]
+        return selectors.storage_price_list()

@@ -49,6 +49,7 @@ from billing.services.prices import (
     price_publish,
     reserved_plan_create,
     reserved_plan_revise,
+    storage_price_publish,
 )
 from billing.services.stripe_sync import (
     FAILED_EVENTS,
@@ -93,6 +94,7 @@ __all__ = [
     "reserved_plan_create",
     "reserved_plan_revise",
     "send_plain",
+    "storage_price_publish",
     "stripe_event_apply",
     "usage_apply_coverage",
     "usage_meter",

@@ -14,6 +14,7 @@ from billing.models import (
     PriceVersion,
     ProjectBilling,
     ReservedPlan,
+    StoragePrice,
 )
 from billing.rates import PriceTable
 from portal.audit import audit_record
@@ -241,3 +242,42 @@ def reserved_plan_revise(
         },
     )
     return new
+
+
+@transaction.atomic
+def storage_price_publish(
+    *,
+    actor: User | None,
+    effective_from: datetime,
+    per_gib_month: Decimal,
+    note: str = "",
+    now: datetime | None = None,
+) -> StoragePrice:
+    """Add a storage price version (per GB-month), as `price_publish` does for GPUs: from now
+    on only (metered storage is never repriced), at a whole second, never an edit."""
+    from billing.services.storage_metering import storage_price_seed
+
+    now = now or timezone.now()
+    effective_from = pricing.floor_second(effective_from)
+    if effective_from < pricing.floor_second(now):
+        raise DomainError(
+            "A price change cannot take effect in the past; choose a time from now on.",
+            field="effective_from",
+        )
+    if not Decimal(0) <= per_gib_month < Decimal(100000):
+        raise DomainError("A storage price is 0 to 99,999 USD per GB-month.", field="per_gib_month")
+    storage_price_seed()
+    try:
+        with transaction.atomic():
+            version = StoragePrice.objects.create(
+                effective_from=effective_from, per_gib_month=per_gib_month, note=note
+            )
+    except IntegrityError:
+        raise Conflict(f"Storage already has a price from {effective_from}.") from None
+    audit_record(
+        actor=actor,
+        action="billing.storage_price.publish",
+        target=version,
+        data={"effective_from": effective_from.isoformat(), "per_gib_month": str(per_gib_month)},
+    )
+    return version

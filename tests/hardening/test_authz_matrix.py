@@ -420,6 +420,7 @@ RULES: dict[str, Rule] = {
     ),
     "billing:month-close-detail": Rule({"get": STAFF_PAGE}),
     "api-billing-prices": Rule({"get": EVERYONE_API}),
+    "api-billing-storage-prices": Rule({"get": EVERYONE_API}),
     "api-billing-usage": Rule({"get": PROJECT_API}),
     "api-billing-budget": Rule(
         {
