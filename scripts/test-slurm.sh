@@ -10,6 +10,39 @@
 # Run on its own (`bash scripts/test-slurm.sh`) it starts the cluster and prints the environment,
 # then waits until interrupted.
 
+# A throwaway MariaDB for slurmdbd (datadir under $1, port $2, no grants: loopback only, and it
+# lives as long as the test run). Installs Debian's mariadb-server when root and missing.
+slurm_mariadb() {
+  local d=$1 port=$2
+  if ! command -v mariadbd >/dev/null || ! command -v mariadb-install-db >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "test: installing mariadb-server from Debian's packages (Slurm's accounting store)"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q mariadb-server mariadb-client >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mariadb-server mariadb-client >/dev/null 2>&1; }
+    fi
+  fi
+  if ! command -v mariadbd >/dev/null || ! command -v mariadb-install-db >/dev/null; then
+    export PORTAL_TEST_SLURM_SKIP="MariaDB (slurmdbd's accounting store) is neither answering on 127.0.0.1:3306 nor installable"
+    echo "test: $PORTAL_TEST_SLURM_SKIP" >&2
+    return 1
+  fi
+  mkdir -p "$d/mysql"
+  mariadb-install-db --user=root --datadir="$d/mysql" --auth-root-authentication-method=normal \
+    >"$d/log/mariadb-install.log" 2>&1
+  mariadbd --user=root --datadir="$d/mysql" --bind-address=127.0.0.1 --port="$port" \
+    --socket="$d/mysql.sock" --pid-file="$d/mariadb.pid" --skip-grant-tables \
+    --log-error="$d/log/mariadb.log" >/dev/null 2>&1 &
+  local i
+  for i in $(seq 150); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+  if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    export PORTAL_TEST_SLURM_SKIP="the throwaway MariaDB did not start (see $d/log/mariadb.log)"
+    echo "test: $PORTAL_TEST_SLURM_SKIP" >&2
+    return 1
+  fi
+  echo "test: started a throwaway MariaDB on port $port for slurmdbd"
+}
+
 slurm_main() {
   local -  # the caller's set -e/-o pipefail stay the caller's: a failed step here means a skip
   set +e +o pipefail
@@ -42,22 +75,23 @@ slurm_main() {
   ports=$(python3 - <<'EOF'
 import socket
 socks = []
-for _ in range(4):
+for _ in range(5):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 )
-  read -r CTLD_PORT DBD_PORT NODE_A_PORT NODE_B_PORT <<<"$ports"
+  read -r CTLD_PORT DBD_PORT NODE_A_PORT NODE_B_PORT MYSQL_PORT <<<"$ports"
   local cluster="t$(date +%s%N | tail -c 9)"
   SLURM_TEST_DB="slurm_acct_$cluster"
+  # slurmdbd's accounting store: a MariaDB answering on 3306, else a throwaway one of our own
   local mysql_port=3306
   if ! (exec 3<>/dev/tcp/127.0.0.1/3306) 2>/dev/null; then
-    export PORTAL_TEST_SLURM_SKIP="MariaDB is not answering on 127.0.0.1:3306 (slurmdbd's accounting store)"
-    echo "test: $PORTAL_TEST_SLURM_SKIP" >&2
-    return 0
+    slurm_mariadb "$d" "$MYSQL_PORT" || return 0
+    mysql_port=$MYSQL_PORT
   fi
+  SLURM_TEST_MYSQL_PORT=$mysql_port
 
   # munge: its own key and socket
   dd if=/dev/urandom of="$d/munge.key" bs=1024 count=1 status=none
@@ -160,7 +194,8 @@ EOF
       [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null
     done
     sleep 0.5
-    mysql -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$SLURM_TEST_DB\`" 2>/dev/null
+    mysql -h 127.0.0.1 -P "$SLURM_TEST_MYSQL_PORT" -u root -e "DROP DATABASE IF EXISTS \`$SLURM_TEST_DB\`" 2>/dev/null
+    [ -f "$SLURM_TEST_DIR/mariadb.pid" ] && kill "$(cat "$SLURM_TEST_DIR/mariadb.pid")" 2>/dev/null
     true
   }
 
