@@ -39,7 +39,7 @@ def seed() -> tuple[str, list[str]]:
     """A node with 8 simulated H100s and its agent token; the GPUs' uuids."""
     from scheduler.models import Gpu, GpuModel, Pool
     from scheduler.nodes import node_issue_agent_token
-    from scheduler.services import catalog_seed, node_register_simulated
+    from scheduler.seed import catalog_seed, node_register_simulated
 
     catalog_seed()
     pool, _ = Pool.objects.get_or_create(name="default")

@@ -57,7 +57,7 @@ def build(accounts: int, jobs_per_account: int, hours: int) -> dict[str, float]:
     from billing.models import BillingAccount, CreditGrant, Invoice, ProjectBilling
     from portal.models import Membership, Project, Role, User
     from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool, Quota
-    from scheduler.services import catalog_seed
+    from scheduler.seed import catalog_seed
 
     timings: dict[str, float] = {}
     t = time.perf_counter()

@@ -36,7 +36,7 @@ TERMS = ("fixed", "per node", "per allocation", "per job placed")
 def base() -> dict[str, Any]:
     from portal.models import Project, User
     from scheduler.models import GpuModel, Pool
-    from scheduler.services import catalog_seed
+    from scheduler.seed import catalog_seed
 
     catalog_seed()
     pool = Pool.objects.create(name="default", queue_policy="priority")

@@ -24,7 +24,7 @@ def seed(n_nodes: int, n_jobs: int) -> None:
 
     from portal.models import Project, User
     from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool, Quota
-    from scheduler.services import catalog_seed
+    from scheduler.seed import catalog_seed
 
     catalog_seed()
     models = list(GpuModel.objects.filter(name__in=["H100-80GB-SXM", "A100-80GB", "L40S", "L4"]))

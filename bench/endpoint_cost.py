@@ -116,7 +116,7 @@ def seed(nodes: int) -> dict[str, Any]:
     from bench.submit_throughput import seed as seed_fleet
     from scheduler.models import Gpu, GpuModel, Node, Pool
     from scheduler.nodes import node_issue_agent_token
-    from scheduler.services import node_register_simulated
+    from scheduler.seed import node_register_simulated
 
     secret, tokens = seed_fleet(nodes, "")
     first = sorted(tokens)[0]

@@ -44,7 +44,7 @@ def seed() -> tuple[dict[str, str], dict[str, str]]:
     from portal.services import project_create
     from scheduler.models import GpuModel, Pool, Quota
     from scheduler.nodes import node_issue_agent_token
-    from scheduler.services import catalog_seed, node_register_simulated
+    from scheduler.seed import catalog_seed, node_register_simulated
 
     catalog_seed()
     pool = Pool.objects.create(name="default")

@@ -120,7 +120,7 @@ def main() -> None:
 
     from portal.models import User
     from scheduler.models import Gpu, GpuModel, Pool
-    from scheduler.services import catalog_seed, node_register_simulated
+    from scheduler.seed import catalog_seed, node_register_simulated
 
     catalog_seed()
     from billing import services as billing_services

@@ -81,7 +81,7 @@ def seed_pool(env: dict[str, str]) -> tuple[Any, Any, Any]:
     from scheduler.backends.slurm.models import SlurmPool
     from scheduler.backends.slurm.nodes import sync_nodes
     from scheduler.models import Pool, Quota
-    from scheduler.services import catalog_seed
+    from scheduler.seed import catalog_seed
 
     catalog_seed()
     user = User.objects.create_user("bench@example.org", "x")

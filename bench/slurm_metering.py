@@ -106,7 +106,7 @@ def measure(records_wanted: int, workdir: Path) -> dict[str, Any]:
     from portal.services import project_create
     from scheduler.backends.slurm.models import SlurmJob, SlurmPool
     from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool
-    from scheduler.services import catalog_seed
+    from scheduler.seed import catalog_seed
 
     t0 = time.perf_counter()
     catalog_seed()

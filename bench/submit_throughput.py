@@ -35,7 +35,7 @@ def seed(n_nodes: int, web_url: str) -> tuple[str, dict[str, str]]:
     from portal.services import project_create, token_create
     from scheduler.models import GpuModel, Pool, Quota
     from scheduler.nodes import node_issue_agent_token
-    from scheduler.services import catalog_seed, node_register_simulated
+    from scheduler.seed import catalog_seed, node_register_simulated
 
     catalog_seed()
     pool = Pool.objects.create(name="default")

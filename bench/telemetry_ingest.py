@@ -79,7 +79,7 @@ def _build(nodes: int, gpus: int) -> None:
     from portal.models import Project, User
     from portal.services import project_create
     from scheduler.models import Allocation, Gpu, GpuModel, Job, JobState, Node, Pool
-    from scheduler.services import catalog_seed
+    from scheduler.seed import catalog_seed
 
     Allocation.objects.filter(node__name__startswith="bench-").delete()
     Job.objects.filter(name="bench").delete()

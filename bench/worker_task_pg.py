@@ -39,8 +39,8 @@ def main() -> None:
     from bench.endpoint_cost import own_backend_cpu
     from portal.models import NoticeKind
     from scheduler.estimates import model_availability_refresh
+    from scheduler.job_notices import job_notices_send
     from scheduler.models import Job
-    from scheduler.notices import job_notices_send
 
     jobs = list(Job.objects.order_by("-pk").values_list("pk", flat=True)[: args.reps])
     if not jobs:

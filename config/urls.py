@@ -7,7 +7,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from monitoring.views import metrics_view
-from portal import health, views
+from portal import probes, views
 from portal.forms import EmailLoginForm
 from portal.ratelimit import ratelimited
 from scheduler import ops_views
@@ -30,8 +30,8 @@ urlpatterns = [
     path("api/v1/billing/", include("billing.api.urls")),
     path("api/v1/monitoring/", include("monitoring.api.urls")),
     path("api/v1/", include("storage.api.urls")),
-    path("healthz", health.healthz, name="healthz"),
-    path("readyz", health.readyz, name="readyz"),
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
     path("", web_views.home, name="home"),
     # Pushed updates; in production the events service serves it (config/urls_events.py).
     path("events/", web_events.events, name="events"),

@@ -7,10 +7,10 @@ pages, not nodes, and no node is declared lost for the portal's own trouble.
 
 from django.urls import include, path
 
-from portal import health
+from portal import probes
 
 urlpatterns = [
-    path("healthz", health.healthz, name="healthz"),
-    path("readyz", health.readyz, name="readyz"),
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
     path("api/agent/v1/", include("scheduler.agent_api.urls")),
 ]

@@ -7,12 +7,12 @@ sends `/events/` here.
 
 from django.urls import path
 
-from portal import health
+from portal import probes
 from web import events
 
 urlpatterns = [
-    path("healthz", health.healthz, name="healthz"),
-    path("readyz", health.readyz, name="readyz"),
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
     path("events/", events.events, name="events"),
     path("events/agent", events.agent_watch, name="events-agent"),
 ]

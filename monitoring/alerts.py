@@ -24,7 +24,7 @@ from django.urls import reverse
 from monitoring import live
 from monitoring.models import Alert, GpuRollup, Notification, Resolution
 from portal.models import User
-from scheduler.health import GPU_FATAL_XIDS
+from scheduler.gpu_health_rules import GPU_FATAL_XIDS
 from scheduler.models import Allocation, Gpu, Job, JobState, Node
 
 TEMP_HYSTERESIS_C = 3.0  # an open temperature alert clears only this far below the threshold

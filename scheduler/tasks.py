@@ -15,7 +15,7 @@ from scheduler.backends.slurm.tasks import (  # noqa: F401  (registers them)
     slurm_sync,
 )
 from scheduler.cycle import run_cycle
-from scheduler.notices import job_notices_drain, job_notices_send
+from scheduler.job_notices import job_notices_drain, job_notices_send
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def autoscale() -> int:
 
 @shared_task(name="scheduler.job_notices", ignore_result=True, time_limit=60, soft_time_limit=50)
 def job_notices(events: list[list[object]] | None = None) -> int:
-    """E-mail and webhook notices of job moves (scheduler/notices.py): the batches queued on
+    """E-mail and webhook notices of job moves (scheduler/job_notices.py): the batches queued on
     Redis, or the one batch given (no Redis)."""
     if events is not None:
         return job_notices_send(events=events)

@@ -26,9 +26,9 @@ from portal.models import User
 from scheduler import ports
 from scheduler.dispatch import assignments_changed, changes_assignments
 from scheduler.gangs import members_end
+from scheduler.job_notices import job_notices_after_commit, notice_kind
 from scheduler.models import ACTIVE_STATES, Allocation, Job, JobEvent
 from scheduler.models import JobState as S
-from scheduler.notices import job_notices_after_commit, notice_kind
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.QUEUED, S.REJECTED, S.CANCELLED}),

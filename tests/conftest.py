@@ -71,7 +71,7 @@ def fleet(db):
     """Catalog, a pool, and nodes: two with 2 × H100 each, one with 4 × L4 time-sliced ×2."""
     from scheduler.models import Gpu, GpuModel, Pool
     from scheduler.nodes import node_issue_agent_token
-    from scheduler.services import catalog_seed, node_register_simulated
+    from scheduler.seed import catalog_seed, node_register_simulated
 
     catalog_seed()
     pool, _ = Pool.objects.get_or_create(name="default")

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from portal.audit import audit_record
-from scheduler import health
+from scheduler import gpu_health_rules
 from scheduler.models import Allocation, Gpu, JobState, Node, NodeEvent
 from scheduler.nodes.faults import (
     gpu_fault_corroborate,
@@ -21,7 +21,12 @@ from scheduler.transitions import job_transition
 
 
 def gpu_health_apply(
-    node: Node, gpu: Gpu, assessment: health.Assessment, *, at: datetime, received: datetime
+    node: Node,
+    gpu: Gpu,
+    assessment: gpu_health_rules.Assessment,
+    *,
+    at: datetime,
+    received: datetime,
 ) -> None:
     """Act on one GPU's assessment of a sample taken `at` (in a heartbeat `received` then):
     mark it, move its work, record and alert. A fault is recorded when the heartbeat that
@@ -70,7 +75,9 @@ def _application_fault(node: Node, gpu: Gpu, xid: int) -> None:
         )
 
 
-def _mark_gpu(node: Node, gpu: Gpu, assessment: health.Assessment, *, received: datetime) -> str:
+def _mark_gpu(
+    node: Node, gpu: Gpu, assessment: gpu_health_rules.Assessment, *, received: datetime
+) -> str:
     """The GPU takes its new health (a fault recorded when it turns unhealthy), with a node
     event and an audit record; the reasons in words."""
     new = assessment.gpu.value

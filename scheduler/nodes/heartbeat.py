@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from portal.audit import audit_record
 from portal.db import concrete_columns
-from scheduler import health, ports
+from scheduler import gpu_health_rules, ports
 from scheduler.dispatch import assignments_changed
 from scheduler.models import Gpu, Node, NodeEvent
 from scheduler.nodes.gpu_health import gpu_health_apply
@@ -144,7 +144,7 @@ def node_heartbeat(
         gpu = gpus.get(sample.get("uuid", ""))
         if gpu is not None:
             taken = now - timedelta(seconds=float(sample.get("age_s") or 0))
-            gpu_health_apply(node, gpu, health.assess(sample), at=taken, received=now)
+            gpu_health_apply(node, gpu, gpu_health_rules.assess(sample), at=taken, received=now)
     known = [{**s, "gpu_id": gpus[s["uuid"]].pk} for s in telemetry if s.get("uuid") in gpus]
     for sink in ports.TELEMETRY_SINKS:
         sink(node=node, samples=known, now=now)

@@ -119,7 +119,7 @@ def test_cluster_overview_is_staff_only_with_bounded_queries(
     held = chart(body, "held")
     assert held["series"] == ["H100-80GB-SXM", "L4"] and held["values"][0][-1] == 25.0
     # more nodes and GPUs do not mean more queries
-    from scheduler.services import node_register_simulated
+    from scheduler.seed import node_register_simulated
 
     for i in range(5):
         node_register_simulated(

@@ -15,8 +15,8 @@ from django.core import mail
 from portal import notify
 from portal.models import AuditEvent, NoticeKind, ProjectWebhook, WebhookDelivery
 from scheduler.admission import JobSpec, job_submit
+from scheduler.job_notices import job_notices_send, notice_kind
 from scheduler.models import JobState
-from scheduler.notices import job_notices_send, notice_kind
 from scheduler.transitions import job_transition
 from tests.polling import wait_for
 
@@ -255,7 +255,7 @@ def test_notices_of_many_transactions_wait_for_one_drain(
     team, fleet, django_capture_on_commit_callbacks
 ):
     from portal.locks import lock_key, redis_client
-    from scheduler.notices import NOTICES_QUEUED, NOTICES_REQUESTED, job_notices_drain
+    from scheduler.job_notices import NOTICES_QUEUED, NOTICES_REQUESTED, job_notices_drain
 
     member = team["member"]
     jobs = [
@@ -297,16 +297,16 @@ def test_without_the_notices_list_a_batch_goes_as_its_own_task(team, monkeypatch
     from django.conf import settings
 
     from portal.locks import redis_client
-    from scheduler import notices
+    from scheduler import job_notices
 
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
-    monkeypatch.setattr(notices, "redis_client", lambda: dead)
+    monkeypatch.setattr(job_notices, "redis_client", lambda: dead)
     broker = redis_client()
     queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "default"
     before = broker.llen(queue)
-    notices.job_notices_queue([[7, "job_started", "Started"]])
+    job_notices.job_notices_queue([[7, "job_started", "Started"]])
     assert broker.llen(queue) == before + 1
     message = json.loads(broker.lpop(queue))
     args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-    assert message["headers"]["task"] == notices.NOTICES_TASK
+    assert message["headers"]["task"] == job_notices.NOTICES_TASK
     assert args == [[[7, "job_started", "Started"]]]

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 
 from scheduler.models import GpuModel, Node
-from scheduler.services import catalog_seed
+from scheduler.seed import catalog_seed
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from scheduler.cycle import run_cycle
 from scheduler.models import Allocation, GpuModel, Job, JobEvent, JobMember, JobState, Node, Pool
 from scheduler.nodes import assignments_for, node_issue_agent_token
 from scheduler.nodes.reports import ExitReport, job_exited, job_started
-from scheduler.services import catalog_seed, node_register_simulated
+from scheduler.seed import catalog_seed, node_register_simulated
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("ckpt_volume")]
 

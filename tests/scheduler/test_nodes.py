@@ -279,7 +279,7 @@ def test_loss_sweep_holds_off_when_most_of_the_fleet_falls_silent_at_once(
 ):
     from scheduler.models import GpuModel, Pool
     from scheduler.nodes import loss_storm
-    from scheduler.services import node_register_simulated
+    from scheduler.seed import node_register_simulated
 
     for i in range(12):
         node_register_simulated(
@@ -315,7 +315,7 @@ def test_a_creeping_loss_stops_being_declared_once_most_of_the_pool_is_unhealthy
     unhealthy nodes grows and the sweep stops declaring (a small pool: no secondary rate)."""
     from scheduler.models import GpuModel, Pool
     from scheduler.nodes import loss_storm
-    from scheduler.services import node_register_simulated
+    from scheduler.seed import node_register_simulated
 
     pool = Pool.objects.get(name="default")
     for i in range(7):

@@ -9,7 +9,7 @@ import pytest
 from portal.models import AuditEvent
 from scheduler.admission import JobSpec, job_submit
 from scheduler.models import Job, JobEvent
-from scheduler.services import catalog_seed
+from scheduler.seed import catalog_seed
 
 pytestmark = pytest.mark.django_db(transaction=True)  # no test transaction to hide a missing one
 

@@ -19,7 +19,7 @@ from scheduler.backends.slurm.models import SlurmPool
 from scheduler.backends.slurm.nodes import sync_nodes
 from scheduler.backends.slurm.sync import sync_pool
 from scheduler.models import Job, Pool
-from scheduler.services import catalog_seed
+from scheduler.seed import catalog_seed
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

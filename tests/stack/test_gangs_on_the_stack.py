@@ -151,7 +151,7 @@ def test_elastic_eight_to_two_resumes_from_its_checkpoint(stack, tmp_path: Path)
     from billing.models import UsageRecord
     from billing.services import usage_meter
     from scheduler.nodes import node_issue_agent_token
-    from scheduler.services import node_register_simulated
+    from scheduler.seed import node_register_simulated
 
     big = node_register_simulated(
         name="big",

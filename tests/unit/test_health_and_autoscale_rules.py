@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.autoscale_rules import NodeInfo, ScalerInput, decide
-from scheduler.health import Verdict, assess
+from scheduler.gpu_health_rules import Verdict, assess
 
 HEALTHY = {"utilization": 80, "temperature_c": 60, "xid_events": [], "ecc_uncorrected": 0}
 

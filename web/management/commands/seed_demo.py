@@ -13,7 +13,7 @@ from portal.models import Membership, Project, Role, User
 from portal.services import project_create
 from scheduler.models import Gpu, GpuModel, Node, Pool, QuotaModelLimit
 from scheduler.nodes import node_issue_agent_token
-from scheduler.services import catalog_seed, node_register_simulated
+from scheduler.seed import catalog_seed, node_register_simulated
 from storage.datasets import dataset_upload_chunk, dataset_upload_start
 from storage.models import Volume
 from storage.services import volume_create
