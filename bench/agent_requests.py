@@ -10,7 +10,7 @@ switches one fast path off for the generic code it stands in for:
 - plain parsers (`scheduler.agent_api.fastparse`) → the DRF serializers;
 - the Lua gate (`scheduler.agent_api.gate`: token, throttle and assignment version in one
   Redis round trip) → the same three answers one by one (the path other caches take);
-- the cache client that is built once per pool (`portal.cache.RedisCache`) → Django's own
+- the cache client that is built once per pool (`foundation.cache.RedisCache`) → Django's own
   `django.core.cache.backends.redis.RedisCache`, which builds a client on every call.
 
 Variants alternate within each run (so a noisy machine slows them alike); the table gives
@@ -129,7 +129,7 @@ VARIANTS: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]
     ("shipped (all fast paths)", shipped),
     ("DRF serializers instead of fastparse", serializers_only),
     ("three cache calls instead of the Lua gate", no_lua_gate),
-    ("Django's RedisCache client instead of portal.cache", django_redis_client),
+    ("Django's RedisCache client instead of foundation.cache", django_redis_client),
 ]
 
 

@@ -208,7 +208,7 @@ def close_all() -> tuple[float, list[float], int]:
     from billing.models import BillingAccount
     from billing.services import invoices
 
-    # services enqueue tasks by name (portal.enqueue); count the invoice tasks instead
+    # services enqueue tasks by name (foundation.enqueue); count the invoice tasks instead
     enqueued: list[str] = []
     invoices.enqueue = lambda name, *args, **kwargs: enqueued.append(name)  # type: ignore[assignment]
     per_account: list[float] = []

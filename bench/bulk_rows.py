@@ -1,11 +1,11 @@
-"""Bulk writes on PostgreSQL: `portal.db`'s plain-row statements against Django's own.
+"""Bulk writes on PostgreSQL: `foundation.db`'s plain-row statements against Django's own.
 
     .venv/bin/python -m bench.bulk_rows [--rows 2000] [--runs 5]
 
 What the scheduling cycle writes when it places a big plan (`bench.cycle_scale`): job events
-inserted (`portal.db.insert_rows` against `bulk_create`, which on PostgreSQL also sends
+inserted (`foundation.db.insert_rows` against `bulk_create`, which on PostgreSQL also sends
 one array per column through UNNEST) and queued jobs' pending reasons updated
-(`portal.db.bulk_update_rows`, one `UPDATE ... FROM unnest(...)`, against `bulk_update`, a
+(`foundation.db.bulk_update_rows`, one `UPDATE ... FROM unnest(...)`, against `bulk_update`, a
 `CASE WHEN` per row and field). Each write runs in a transaction that is rolled back, the two
 ways alternating; the table gives medians of the wall time and their ratio.
 """
@@ -57,7 +57,7 @@ def main() -> None:
     try:
         from django.utils import timezone
 
-        from portal.db import bulk_update_rows, insert_rows
+        from foundation.db import bulk_update_rows, insert_rows
         from scheduler.models import Job, JobEvent
 
         ids = seed(args.rows)
@@ -141,9 +141,9 @@ def main() -> None:
         [
             "write",
             "rows",
-            "portal.db ms, median (min–max)",
+            "foundation.db ms, median (min–max)",
             "Django ms, median (min–max)",
-            "Django / portal.db",
+            "Django / foundation.db",
         ],
         rows,
     )
@@ -151,7 +151,7 @@ def main() -> None:
     if not args.no_docs:
         write_section(
             "bulk_rows",
-            "## Bulk writes: portal.db's plain-row statements against Django's\n\n"
+            "## Bulk writes: foundation.db's plain-row statements against Django's\n\n"
             f"`{command_line('bench.bulk_rows')}` — PostgreSQL, each write in a rolled-back "
             f"transaction, the two ways alternating; medians of {args.runs} runs.\n\n" + table,
         )

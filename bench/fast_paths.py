@@ -9,9 +9,9 @@ per call (Redis and PostgreSQL answer on the wall clock, not in this process's C
 gives the medians of the rounds, generic / fast as the ratio of the medians and, in brackets,
 the lowest and highest ratio of one round's pair.
 
-- `cache`: `portal.cache.RedisCache` (one `redis.Redis` per pool) against Django's
+- `cache`: `foundation.cache.RedisCache` (one `redis.Redis` per pool) against Django's
   `RedisCache` with the same JSON serializer: a `get` of a present key and a `set`.
-- `rate gate`: `portal.ratelimit.window_hits` (one Lua call counting a submit's two windows)
+- `rate gate`: `foundation.ratelimit.window_hits` (one Lua call counting a submit's two windows)
   against Django's cache API (`add` then `incr` per window, the file cache's path).
 - `after-commit batch`: a submit's after-commit Redis commands (its push message, its cycle
   request's SET and SET NX) in one pipelined `on_commit` hook against a hook each (the push
@@ -89,7 +89,7 @@ def _cache_pair() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     from django.conf import settings
     from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
 
-    from portal.cache import JsonSerializer, RedisCache
+    from foundation.cache import JsonSerializer, RedisCache
 
     params = dict(settings.CACHES["default"])
     location = params.pop("LOCATION")
@@ -114,7 +114,7 @@ def _cache_pair() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
 def _rate_gate_pair() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     from django.core.cache import caches
 
-    from portal import ratelimit
+    from foundation import ratelimit
 
     cache = caches["default"]
     windows = [("throttle_user_1", 60), ("throttle_submit_1", 3600)]
@@ -137,7 +137,7 @@ def _after_commit_pair() -> list[tuple[str, Callable[[], Any], Callable[[], Any]
     from django.core.cache import cache
     from django.db import transaction
 
-    from portal import push
+    from foundation import push
     from scheduler import cycle_requests
 
     # a cycle counts as queued all along, so neither side queues a task
@@ -197,7 +197,7 @@ def _health_check_pair() -> list[tuple[str, Callable[[], Any], Callable[[], Any]
     from django.db import connections
     from django.db.backends.postgresql.base import DatabaseWrapper as DjangoWrapper
 
-    from portal.db_backends.postgresql.base import DatabaseWrapper
+    from foundation.db_backends.postgresql.base import DatabaseWrapper
 
     connection = connections["default"]
     connection.ensure_connection()
@@ -214,8 +214,8 @@ def _health_check_pair() -> list[tuple[str, Callable[[], Any], Callable[[], Any]
 def _insert_instances_pairs() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     from django.db import transaction
 
+    from foundation.db import insert_instances
     from portal.audit import audit_event
-    from portal.db import insert_instances
     from portal.models import Project, User
     from scheduler.models import Job, JobEvent
 
@@ -269,7 +269,7 @@ def _sample(name: str, ids: dict[str, Any]) -> Any:
 def _compiled_pairs() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     from django.db import transaction
 
-    from portal.db import CompiledQuery
+    from foundation.db import CompiledQuery
     from portal.models import Project, User
     from scheduler.models import Allocation, Gpu, Job, JobState
 

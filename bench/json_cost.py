@@ -1,4 +1,4 @@
-"""CPU per JSON parse and render: DRF's JSON classes against `portal.api.fastjson`'s (orjson).
+"""CPU per JSON parse and render: DRF's JSON classes against `foundation.fastjson`'s (orjson).
 
     .venv/bin/python -m bench.json_cost [--rounds 41] [--calls 200]
 
@@ -102,7 +102,7 @@ def main() -> None:
     from rest_framework.utils.serializer_helpers import ReturnDict, ReturnList
 
     from bench.agent_requests import heartbeat_body
-    from portal.api import fastjson
+    from foundation import fastjson
     from portal.api.schema import StrictJSONParser
 
     serializer: serializers.Serializer[Any] = (
@@ -175,7 +175,7 @@ def main() -> None:
     if not args.no_docs:
         write_section(
             "json_cost",
-            "## JSON parse and render: DRF's classes against portal.api.fastjson (orjson)\n\n"
+            "## JSON parse and render: DRF's classes against foundation.fastjson (orjson)\n\n"
             f"`{command_line('bench.json_cost')}` — thread CPU time per call, the two ways "
             f"alternating, medians over {args.rounds} rounds.\n\n" + table,
         )

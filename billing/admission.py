@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from billing import pricing, selectors
 from billing.models import Budget, ProjectBilling
-from portal.db import AnyOf, CompiledQuery
+from foundation.db import AnyOf, CompiledQuery
 from portal.models import Project
 from portal.money import format_money
 from scheduler.admission import JobSpec, Verdict

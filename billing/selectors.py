@@ -32,7 +32,7 @@ from billing.models import (
 )
 from billing.pricing import period_bounds
 from billing.rates import PriceTable
-from portal.db import CompiledQuery
+from foundation.db import CompiledQuery
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
 from portal.selectors import project_list_visible_to

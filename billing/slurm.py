@@ -26,7 +26,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from billing.services import MeterResult, usage_meter
-from portal.db import AnyOf, bulk_update_rows, insert_rows
+from foundation.db import AnyOf, bulk_update_rows, insert_rows
 from scheduler.backends.slurm.client import cluster_for
 from scheduler.backends.slurm.models import SlurmJob, SlurmPool
 from scheduler.backends.slurm.nodes import hostlist, mirror_name

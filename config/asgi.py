@@ -8,6 +8,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 application = get_asgi_application()
 
 # Every task registered now, as the worker boots, not by the first request that queues one.
-from portal.enqueue import tasks_import  # noqa: E402
+from foundation.enqueue import tasks_import  # noqa: E402
 
 tasks_import()

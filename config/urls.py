@@ -6,10 +6,10 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from foundation.ratelimit import ratelimited
 from monitoring.views import metrics_view
 from portal import probes, views
 from portal.forms import EmailLoginForm
-from portal.ratelimit import ratelimited
 from scheduler import ops_views
 from scheduler import views as scheduler_views
 from scheduler.backends.slurm import views as slurm_views

@@ -14,6 +14,6 @@ application = get_wsgi_application()
 
 # Every task registered now, as the worker boots, not by the first request that queues one
 # (the apps must be loaded first).
-from portal.enqueue import tasks_import  # noqa: E402
+from foundation.enqueue import tasks_import  # noqa: E402
 
 tasks_import()

@@ -32,8 +32,8 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-from portal import push
-from portal.locks import redis_client
+from foundation import push
+from foundation.locks import redis_client
 
 CLUSTER_STEP_S = 10
 
@@ -216,7 +216,7 @@ TELEMETRY_MESSAGE = '{"k":"telemetry"}'
 
 
 def push_channels(batch: Batch) -> list[str]:
-    """Where the write script announces the heartbeat (`portal.push`): the node's page, the
+    """Where the write script announces the heartbeat (`foundation.push`): the node's page, the
     pages of the jobs it has samples of, the cluster overview. Published in the same command."""
     if not push.enabled():
         return []

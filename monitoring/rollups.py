@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from foundation.locks import redis_client
 from monitoring import live
 from monitoring.models import (
     Alert,
@@ -26,7 +27,6 @@ from monitoring.models import (
     Resolution,
     RollupFlush,
 )
-from portal.locks import redis_client
 from scheduler.core.periods import floor_hour
 from scheduler.models import Gpu
 

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db.models import ExpressionWrapper, F, FloatField, Q, QuerySet, Sum
 
+from foundation.params import whole_number
 from monitoring import fleet, live
 from monitoring.models import (
     Alert,
@@ -32,7 +33,6 @@ from monitoring.models import (
 )
 from portal.errors import DomainError
 from portal.models import Project, User
-from portal.params import whole_number
 from scheduler import ports
 from scheduler.core.model import MILLI
 from scheduler.core.periods import floor_hour

@@ -8,7 +8,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from portal.locks import single_flight
+from foundation.locks import single_flight
 
 
 @shared_task(

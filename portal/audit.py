@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import models
 
-from portal.db import insert_instances
+from foundation.db import insert_instances
 from portal.models import AuditEvent, Project, User
 
 # The client address of the request being served, so every audit event says "from where".

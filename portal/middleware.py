@@ -108,7 +108,7 @@ class RequestContextMiddleware:
 
 
 def client_ip(request: HttpRequest) -> str | None:
-    """REMOTE_ADDR, which `portal.clientip.ClientAddressMiddleware` has already resolved
+    """REMOTE_ADDR, which `foundation.clientip.ClientAddressMiddleware` has already resolved
     (X-Forwarded-For believed only from TRUSTED_PROXIES)."""
     addr = request.META.get("REMOTE_ADDR") or None
     return addr

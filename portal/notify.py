@@ -29,8 +29,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from foundation.enqueue import enqueue
 from portal.audit import audit_record
-from portal.enqueue import enqueue
 from portal.errors import DomainError, NotFound
 from portal.mail import send_after_commit
 from portal.models import (

@@ -14,7 +14,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from portal.db import database_round_trip
+from foundation.db import database_round_trip
 
 
 @never_cache
@@ -25,7 +25,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 def _database() -> None:
     # A round trip, asked for here: the connection's own health check (`is_usable`) no longer
-    # makes one on PostgreSQL (portal/db_backends/postgresql), and readiness means the server
+    # makes one on PostgreSQL (foundation/db_backends/postgresql), and readiness means the server
     # answers now. A connection the server has ended is replaced first, as in any request.
     database_round_trip()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
-from portal.db import CompiledQuery, concrete_columns, instance_from_row
+from foundation.db import CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import NotFound
 from portal.models import ApiToken, AuditEvent, Invitation, Membership, Project, Role, User
 

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from foundation.ratelimit import parse_rate, window_hit
 from portal import accounts, notify, selectors, services, two_factor
 from portal.errors import DomainError, PermissionDenied
 from portal.forms import (
@@ -31,7 +32,6 @@ from portal.forms import (
 )
 from portal.middleware import client_ip
 from portal.models import NoticeKind, ProjectWebhook, Role, TokenScope, User
-from portal.ratelimit import parse_rate, window_hit
 
 
 def _user(request: HttpRequest) -> User:

@@ -17,9 +17,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from portal import push
+from foundation import push
+from foundation.db import insert_instances
 from portal.audit import audit_event, audit_record
-from portal.db import insert_instances
 from portal.errors import DomainError
 from portal.models import Project, Role, User
 from portal.services import require_role

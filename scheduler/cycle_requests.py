@@ -21,8 +21,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-from portal.enqueue import enqueue, run_inline
-from portal.redis_after_commit import after_commit, redis_cache
+from foundation.enqueue import enqueue, run_inline
+from foundation.redis_after_commit import after_commit, redis_cache
 
 CYCLE_TASK = "scheduler.cycle"
 CYCLE_REQUESTED = "scheduler:cycle-requested"

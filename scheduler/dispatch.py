@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from django.core.cache import cache
 from django.db import transaction
 
-from portal import push
+from foundation import push
 from scheduler.models import ACTIVE_STATES, JobState
 
 VERSION_TTL_S = 30
@@ -41,7 +41,7 @@ def changes_assignments(from_state: str, to_state: str) -> bool:
 
 def assignments_changed(node_ids: Iterable[int]) -> None:
     """Drop these nodes' versions once the current transaction commits (at once outside one),
-    then tell their agents' watches (`portal.push`), which sync at once: the version is gone
+    then tell their agents' watches (`foundation.push`), which sync at once: the version is gone
     before they hear of it, so their sync reads the change."""
     ids = sorted(set(node_ids))
     if ids:

@@ -14,7 +14,7 @@ from typing import Protocol
 from django.core.cache import cache
 from django.utils import timezone
 
-from portal.enqueue import enqueue
+from foundation.enqueue import enqueue
 from portal.models import Project
 from scheduler import ports
 from scheduler.admission import (

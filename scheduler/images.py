@@ -2,7 +2,7 @@
 curated images warm nodes keep pulled.
 
 Fast path: the curated images every heartbeat answer lists are a compiled read
-(`_KEPT_PULLED`, `portal.db.CompiledQuery`); measured by `bench.agent_cost`.
+(`_KEPT_PULLED`, `foundation.db.CompiledQuery`); measured by `bench.agent_cost`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 
 from django.conf import settings
 
-from portal.db import CompiledQuery
+from foundation.db import CompiledQuery
 from portal.errors import DomainError
 from scheduler.models import AllowedRegistry, CuratedImage
 

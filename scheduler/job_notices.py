@@ -14,8 +14,8 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from portal.enqueue import enqueue, task_named
-from portal.locks import lock_key, redis_client, single_flight
+from foundation.enqueue import enqueue, task_named
+from foundation.locks import lock_key, redis_client, single_flight
 from portal.models import NoticeKind
 from portal.notify import Notice, notify_all
 from scheduler.models import Job

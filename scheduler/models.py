@@ -552,7 +552,7 @@ class Allocation(models.Model):
     """A job's share of one GPU over an interval. Active while `ended_at` is null."""
 
     # The columns a new allocation is written with, in one multi-row insert
-    # (`portal.db.insert_rows`): by the cycle's apply, and by billing for a Slurm cluster's runs.
+    # (`foundation.db.insert_rows`): by the cycle's apply, and by billing for a Slurm cluster's runs.
     WRITTEN_FIELDS = (
         "job",
         "gpu",

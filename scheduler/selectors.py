@@ -13,10 +13,10 @@ from django.core.cache import cache
 from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from portal.db import CompiledQuery, concrete_columns, instance_from_row
+from foundation.db import CompiledQuery, concrete_columns, instance_from_row
+from foundation.params import whole_number
 from portal.errors import DomainError, NotFound
 from portal.models import Project, User
-from portal.params import whole_number
 from portal.selectors import project_get_visible, project_list_visible_to
 from scheduler.core.model import (
     MILLI,

@@ -7,7 +7,7 @@ import time
 
 from celery import shared_task
 
-from portal.locks import single_flight
+from foundation.locks import single_flight
 from scheduler import cycle_requests, estimates, ports
 from scheduler.backends.slurm.tasks import (  # noqa: F401  (registers them)
     slurm_limits,

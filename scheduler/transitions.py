@@ -19,8 +19,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from portal import push
-from portal.db import AnyOf, CompiledQuery, bulk_update_rows, insert_rows
+from foundation import push
+from foundation.db import AnyOf, CompiledQuery, bulk_update_rows, insert_rows
 from portal.errors import Conflict
 from portal.models import User
 from scheduler import ports
@@ -298,7 +298,7 @@ def _nodes_of_moves(
 
 
 def jobs_changed(job_ids: Sequence[int], *, project_of: Mapping[int, int] | None = None) -> None:
-    """Tell the pages of these jobs and their projects' queues, after commit (`portal.push`).
+    """Tell the pages of these jobs and their projects' queues, after commit (`foundation.push`).
     One read of the jobs' projects (unless `project_of` has them), made only where pushed
     updates are on."""
     if not job_ids or not push.enabled():

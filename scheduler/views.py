@@ -9,14 +9,14 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from foundation.params import whole_number
+from foundation.ratelimit import scope_allows
 from portal.approvals import ask_from_post, decide_from_post
 from portal.errors import DomainError
 from portal.errors import NotFound as DomainNotFound
 from portal.forms import errors_in_words
 from portal.htmx import HTMX_STOP_POLLING, render_partial_or_page, wants_partial
 from portal.models import Role, User
-from portal.params import whole_number
-from portal.ratelimit import scope_allows
 from portal.selectors import project_get_visible, project_list_visible_to, project_role_of
 from scheduler import backends, job_templates, quota_requests, selectors
 from scheduler.admission import job_cancel, job_submit
@@ -256,7 +256,7 @@ def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
             "text": text,
             "last": last,
             "done": job.is_terminal,
-            # our agents' appends are pushed (portal.push); a Slurm job's output file is polled
+            # our agents' appends are pushed (foundation.push); a Slurm job's output file is polled
             "pushed": pushed,
             # more already stored than one answer holds: fetch on at once, else wait for a push
             "more": bool(text)

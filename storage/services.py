@@ -9,8 +9,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from foundation.enqueue import enqueue
 from portal.audit import audit_record
-from portal.enqueue import enqueue
 from portal.errors import Conflict, DomainError, NotFound, PermissionDenied
 from portal.models import Project, Role, User
 from portal.services import require_role

@@ -12,7 +12,7 @@ from config.celery import app
 
 @pytest.fixture
 def celery_live_worker(transactional_db) -> Iterator[object]:
-    from portal.locks import lock_clear
+    from foundation.locks import lock_clear
 
     app.conf.task_always_eager = False
     for name in ("scheduler-cycle", "autoscaler"):

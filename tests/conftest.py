@@ -118,7 +118,7 @@ def _clean_test_broker_keys():
     yield
     from django.conf import settings
 
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
 
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix")
     if settings.REDIS_URL and prefix:

@@ -1,4 +1,4 @@
-"""The pushed-updates stream: server-sent events fed by Redis pub/sub (`portal.push`).
+"""The pushed-updates stream: server-sent events fed by Redis pub/sub (`foundation.push`).
 
 `GET /events/?job=<id>` (a job page), `?array=<id>` (an array's page: any of its shards'
 states, and each shard's log appends), `?node=<id>` (an operator's node page), `?cluster=1`
@@ -15,7 +15,7 @@ reconnect: the page keeps polling. A stream ends after `PUSH_STREAM_MAX_S` (the 
 reconnects, and permissions are checked again).
 
 `GET /events/agent` is a node agent's watch, authenticated by its node token: an
-`assignments` event each time what the node must run or stop changes (`portal.push`
+`assignments` event each time what the node must run or stop changes (`foundation.push`
 `assignments_changed`), so the agent syncs at once and polls only as a slow fallback. The
 same answers tell it to poll instead: 204 (no push here), and the stream's end.
 """
@@ -36,10 +36,10 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 
-from portal import push
+from foundation import push
+from foundation.params import whole_number
 from portal.errors import DomainError
 from portal.models import User
-from portal.params import whole_number
 from portal.selectors import project_list_visible_to
 from scheduler.dependencies import array_members
 from scheduler.models import Job, Node

@@ -32,8 +32,8 @@ from billing.services.drafts import draft_invoice
 from billing.services.metering import usage_meter
 from billing.services.periods import previous_period
 from billing.services.storage_metering import storage_line_groups, storage_meter
+from foundation.enqueue import enqueue
 from portal.audit import audit_record
-from portal.enqueue import enqueue
 from portal.errors import DomainError
 
 

@@ -29,7 +29,7 @@ from billing.services.corrections import usage_fault_credit
 from billing.services.coverage import usage_apply_coverage
 from billing.services.drafts import draft_invoice
 from billing.services.prices import price_list_seed
-from portal.db import AnyOf, insert_rows
+from foundation.db import AnyOf, insert_rows
 from portal.errors import DomainError
 from scheduler.models import Allocation
 
@@ -123,7 +123,7 @@ def usage_meter(
     are deterministic and unique per (allocation, slice start).
 
     Set-based (`bench.slurm_metering`): each batch of `chunk` allocations is one read of plain
-    rows, its slices go in one insert (`portal.db.insert_rows`, existing slices skipped by the
+    rows, its slices go in one insert (`foundation.db.insert_rows`, existing slices skipped by the
     unique constraint) and its meters in one upsert; only the rare allocations that need more
     (a share frozen before it was kept, a fault to credit) are loaded as models."""
     now = now or timezone.now()

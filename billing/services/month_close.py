@@ -15,8 +15,8 @@ from django.utils import timezone
 from billing.models import Invoice, MonthClose
 from billing.services.invoices import invoice_close, invoices_close_month
 from billing.services.periods import previous_period
+from foundation.enqueue import enqueue
 from portal.audit import audit_record
-from portal.enqueue import enqueue
 from portal.errors import Conflict, DomainError, PermissionDenied
 from portal.models import User
 

@@ -29,7 +29,7 @@ from billing.pricing import period_of
 from billing.services.accounts import accounts_for_projects
 from billing.services.metering import _open_pages
 from billing.services.prices import PRICE_EPOCH
-from portal.db import insert_rows
+from foundation.db import insert_rows
 from storage.models import Volume, VolumeKind
 
 

@@ -19,10 +19,10 @@ from billing.models import (
     StripeEvent,
 )
 from billing.services.notifications import notification_create, owner_emails, send_plain
+from foundation.params import whole_number
 from portal.audit import audit_record
 from portal.errors import Conflict, DomainError
 from portal.models import Project
-from portal.params import whole_number
 
 
 def invoices_to_resend(*, now: datetime | None = None) -> dict[str, list[int]]:

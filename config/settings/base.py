@@ -39,7 +39,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "portal.logs.RequestIdMiddleware",
-    "portal.clientip.ClientAddressMiddleware",  # everything below sees the real client
+    "foundation.clientip.ClientAddressMiddleware",  # everything below sees the real client
     "django.middleware.security.SecurityMiddleware",
     "portal.middleware.SecurityHeadersMiddleware",
     "portal.middleware.RequestContextMiddleware",
@@ -69,7 +69,7 @@ ROOT_URLCONF = env("PORTAL_URLCONF", default="config.urls")
 # (portal/api/errors.py), as on the web tier.
 AGENT_POOL_MIDDLEWARE = [
     "portal.logs.RequestIdMiddleware",
-    "portal.clientip.ClientAddressMiddleware",
+    "foundation.clientip.ClientAddressMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "portal.middleware.SecurityHeadersMiddleware",
     "portal.middleware.RequestContextMiddleware",
@@ -127,12 +127,12 @@ def prepared_statements(database: dict[str, Any]) -> None:
 
 
 def health_checked_backend(database: dict[str, Any]) -> None:
-    """PostgreSQL: the portal's backend (portal/db_backends/postgresql), whose health check at the
+    """PostgreSQL: the portal's backend (foundation/db_backends/postgresql), whose health check at the
     first query of each request looks at the connection's socket instead of running `SELECT 1`,
     a round trip per request. Its name still ends in "postgresql", as checks like the one above
     expect, and Django reports its vendor as "postgresql"."""
     if database["ENGINE"] == "django.db.backends.postgresql":
-        database["ENGINE"] = "portal.db_backends.postgresql"
+        database["ENGINE"] = "foundation.db_backends.postgresql"
 
 
 prepared_statements(DATABASES["default"])
@@ -143,7 +143,7 @@ REDIS_URL = env("REDIS_URL", default="")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "portal.cache.RedisCache",  # reuses its redis client (portal/cache.py)
+            "BACKEND": "foundation.cache.RedisCache",  # reuses its redis client (foundation/cache.py)
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": env("CACHE_KEY_PREFIX", default="portal"),
         }
@@ -250,13 +250,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
-    # REMOTE_ADDR is already the client (portal.clientip), so DRF must not read the header.
+    # REMOTE_ADDR is already the client (foundation.clientip), so DRF must not read the header.
     "NUM_PROXIES": 0,
     "DEFAULT_THROTTLE_CLASSES": [
-        "portal.ratelimit.FixedWindowAnonThrottle",
-        "portal.ratelimit.FixedWindowUserThrottle",
+        "foundation.ratelimit.FixedWindowAnonThrottle",
+        "foundation.ratelimit.FixedWindowUserThrottle",
     ],
-    # Fixed windows, one Redis round trip per check (portal/ratelimit.py). Expensive endpoints
+    # Fixed windows, one Redis round trip per check (foundation/ratelimit.py). Expensive endpoints
     # have their own scopes (FixedWindowScopedThrottle on those views); RATE_SUBMIT is per user.
     "DEFAULT_THROTTLE_RATES": {
         "anon": env("RATE_ANON", default="120/min"),
@@ -265,13 +265,13 @@ REST_FRAMEWORK = {
         "dry_run": env("RATE_DRY_RUN", default="120/min"),
         # "agent", "agent_heartbeat", "agent_logs": set below, from the agents' intervals
     },
-    # DRF's JSON classes through orjson where it gives the same result (portal/api/fastjson.py).
+    # DRF's JSON classes through orjson where it gives the same result (foundation/fastjson.py).
     "DEFAULT_RENDERER_CLASSES": [
-        "portal.api.fastjson.JSONRenderer",
+        "foundation.fastjson.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "DEFAULT_PARSER_CLASSES": [
-        "portal.api.fastjson.JSONParser",
+        "foundation.fastjson.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
@@ -451,7 +451,7 @@ CELERY_BEAT_SCHEDULE["autoscale"] = {
     "options": {"expires": 30},
 }
 
-# Pushed page updates (portal/push.py, web/events.py): on wherever Redis is; PUSH_ENABLED=false
+# Pushed page updates (foundation/push.py, web/events.py): on wherever Redis is; PUSH_ENABLED=false
 # turns them off (pages poll). A stream ends after PUSH_STREAM_MAX_S and the browser reconnects.
 PUSH_ENABLED = env.bool("PUSH_ENABLED", default=True)
 PUSH_STREAM_MAX_S = env.int("PUSH_STREAM_MAX_S", default=300)

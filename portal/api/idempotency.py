@@ -36,7 +36,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api.fastjson import JSONRenderer
+from foundation.fastjson import JSONRenderer
 from portal.errors import Conflict, DomainError
 from portal.models import IdempotencyKey, User
 

@@ -5,7 +5,7 @@
 - `StrictSerializerExtension` marks bodies of `StrictSerializer`s `additionalProperties: false`:
   the server refuses unknown fields, so the schema says so.
 - `StrictJSONParser` refuses JSON strings that are not Unicode text (unpaired surrogates); it
-  reads JSON as `portal.api.fastjson.JSONParser` does.
+  reads JSON as `foundation.fastjson.JSONParser` does.
 - `StrictLimitOffsetPagination` answers 400 for a `limit`/`offset` that is not a whole number
   instead of silently ignoring it, and documents their ranges.
 """
@@ -21,8 +21,8 @@ from drf_spectacular.openapi import AutoSchema
 from rest_framework import pagination, serializers
 from rest_framework.exceptions import ParseError
 
-from portal.api.fastjson import JSONParser
-from portal.params import whole_number
+from foundation.fastjson import JSONParser
+from foundation.params import whole_number
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -1,7 +1,7 @@
 """What an agent's request needs from the cache before its view runs, in one Redis round trip.
 
 Every agent request needs three answers from the cache: which node its token names
-(`nodes.agent_token_key`), one hit counted in that node's throttle window (`portal.ratelimit`),
+(`nodes.agent_token_key`), one hit counted in that node's throttle window (`foundation.ratelimit`),
 and — for a sync — the node's assignment version (`dispatch.version_key`). Asked one by one they
 are three round trips, and the idle sync, the agents' most frequent request, needs nothing else.
 Here one Lua script answers all three: the node id it reads names the other two keys.
@@ -22,7 +22,7 @@ from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from redis.commands.core import Script
 
-from portal.ratelimit import window_hit, window_of
+from foundation.ratelimit import window_hit, window_of
 from scheduler import dispatch, nodes
 
 _NODE = "<node>"  # stands for the node id in the key templates the script completes

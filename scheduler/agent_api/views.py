@@ -17,8 +17,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from foundation.ratelimit import FixedWindowMixin
 from portal.api.schema import PortalAutoSchema, StrictJSONParser
-from portal.ratelimit import FixedWindowMixin
 from scheduler import dispatch, nodes
 from scheduler.agent_api import answers, fastparse, gate
 from scheduler.agent_api.serializers import (

@@ -22,9 +22,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils import encoders
 
-from portal.api.fastjson import JSONRenderer
+from foundation.fastjson import JSONRenderer
+from foundation.params import whole_number
+from foundation.plainparse import UNRESOLVED, PlainParser
+from foundation.ratelimit import (
+    FixedWindowScopedThrottle,
+    OneRoundTripThrottlesMixin,
+    scope_allows,
+)
 from portal.api.idempotency import IdempotentPostMixin
-from portal.api.plainparse import UNRESOLVED, PlainParser
 from portal.api.schema import (
     NUL_FREE,
     PortalAutoSchema,
@@ -34,12 +40,6 @@ from portal.api.schema import (
 from portal.api.serializers import PrototypeFieldsMixin, StrictSerializer
 from portal.errors import NotFound
 from portal.models import Project, User
-from portal.params import whole_number
-from portal.ratelimit import (
-    FixedWindowScopedThrottle,
-    OneRoundTripThrottlesMixin,
-    scope_allows,
-)
 from portal.selectors import project_get_visible
 from scheduler import job_templates, selectors
 from scheduler.admission import JobSpec, job_cancel, job_submit

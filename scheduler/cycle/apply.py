@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 
 import scheduler.cycle.reads as reads
-from portal.db import bulk_update_rows, insert_rows
+from foundation.db import bulk_update_rows, insert_rows
 from scheduler import elastic, gangs
 from scheduler.core.model import billed_share_milli, gpu_capacity_milli
 from scheduler.core.plan import Plan

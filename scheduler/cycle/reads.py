@@ -7,7 +7,7 @@ snapshot's big reads are at par) and `bench.cycle_scale`. The cycle runs back to
 arrive, and building and compiling these querysets costs more CPU than PostgreSQL spends
 answering them on a small fleet; tens of thousands of plain rows are also far cheaper than as
 many model instances. Every read is an ordinary `values_list` queryset
-(`portal.db.CompiledQuery`; on SQLite it simply runs as one), and every row is a
+(`foundation.db.CompiledQuery`; on SQLite it simply runs as one), and every row is a
 `NamedTuple` whose fields are the selected columns in order, so a new column is added in two
 lines next to each other. The placed jobs' lock (`lock_queued_jobs`) measured below 1.5x and is
 a plain queryset; everything else in the cycle uses the ORM.
@@ -22,7 +22,7 @@ from django.db import connection
 from django.db.models import CharField, F, Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Coalesce
 
-from portal.db import AnyOf, CompiledQuery, EpochSeconds
+from foundation.db import AnyOf, CompiledQuery, EpochSeconds
 from scheduler.models import (
     Allocation,
     Gpu,

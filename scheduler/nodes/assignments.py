@@ -1,6 +1,6 @@
 """What each node must run or stop, as its agent reads it.
 
-Fast path: the assignment read is a compiled query (`portal.db.CompiledQuery`), since every
+Fast path: the assignment read is a compiled query (`foundation.db.CompiledQuery`), since every
 agent reads it whenever its assignments change; `bench.submit_throughput` (submit to running,
 agents syncing) and `bench.agent_requests` measure it.
 """
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from agent.protocol import Assignment as AssignmentMessage
 from agent.protocol import CheckpointPlace
-from portal.db import CompiledQuery
+from foundation.db import CompiledQuery
 from scheduler.gangs import rendezvous_env, single_node_env
 from scheduler.job_volumes import assignment_volumes, checkpoint_split
 from scheduler.models import ACTIVE_STATES, Allocation, JobState, Node

@@ -16,8 +16,8 @@ from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.utils import timezone
 
+from foundation.db import concrete_columns
 from portal.audit import audit_record
-from portal.db import concrete_columns
 from scheduler import gpu_health_rules, ports
 from scheduler.dispatch import assignments_changed
 from scheduler.models import Gpu, Node, NodeEvent

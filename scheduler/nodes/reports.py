@@ -18,8 +18,8 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from agent.protocol import FAILURE_TEXT
-from portal import push
-from portal.db import AnyOf, CompiledQuery, concrete_columns, instance_from_row
+from foundation import push
+from foundation.db import AnyOf, CompiledQuery, concrete_columns, instance_from_row
 from portal.errors import Conflict
 from scheduler import elastic, gangs
 from scheduler.cycle_requests import request_cycle

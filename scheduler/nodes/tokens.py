@@ -13,8 +13,8 @@ import secrets
 from django.core.cache import cache
 from django.db import transaction
 
+from foundation.db import CompiledQuery, concrete_columns, instance_from_row
 from portal.audit import audit_record
-from portal.db import CompiledQuery, concrete_columns, instance_from_row
 from portal.models import User
 from scheduler.models import Node
 

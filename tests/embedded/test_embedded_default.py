@@ -1,7 +1,7 @@
 """The embedded default (`make run`: SQLite, the file cache, no Redis) takes the generic paths.
 
 Every fast path that needs PostgreSQL or Redis has a generic fallback for the embedded demo:
-`portal.db`'s bulk writes and compiled reads fall back to Django's ORM, the agent gate to
+`foundation.db`'s bulk writes and compiled reads fall back to Django's ORM, the agent gate to
 three cache calls, the throttle and locks to the Django cache API, the live telemetry store
 to the cache. The main suite runs on PostgreSQL and Redis; this lane runs those fallbacks.
 """
@@ -16,8 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from monitoring import live
-from portal.db import (
+from foundation.db import (
     AnyOf,
     CompiledQuery,
     EpochSeconds,
@@ -25,9 +24,10 @@ from portal.db import (
     insert_instances,
     insert_rows,
 )
-from portal.locks import lock_clear, single_flight
+from foundation.locks import lock_clear, single_flight
+from foundation.ratelimit import window_hit
+from monitoring import live
 from portal.models import Project
-from portal.ratelimit import window_hit
 from scheduler.cycle import run_cycle
 from scheduler.models import Allocation, Job, JobEvent, JobState
 

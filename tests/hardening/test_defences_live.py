@@ -11,7 +11,7 @@ import pytest
 import requests
 from rest_framework.throttling import AnonRateThrottle, ScopedRateThrottle
 
-from portal import ratelimit
+from foundation import ratelimit
 from portal.models import ApiToken, AuditEvent, User
 from scheduler.models import Job
 
@@ -23,7 +23,7 @@ PASSWORD = "right-password-123"
 @pytest.fixture(autouse=True)
 def _no_counts_from_earlier_tests():
     """Rate-limit windows and login failures live in Redis for minutes: start each test clean."""
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
 
     client = redis_client()
     for pattern in ("*:rl:*", "*:login-fail:*"):

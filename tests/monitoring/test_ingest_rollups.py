@@ -6,11 +6,11 @@ from datetime import timedelta
 
 import pytest
 
+from foundation.locks import redis_client
 from monitoring import live
 from monitoring.ingest import ingest_samples
 from monitoring.models import ClusterRollup, GpuRollup, Resolution, RollupFlush
 from monitoring.rollups import enforce_retention, flush_rollups, rollup_hours
-from portal.locks import redis_client
 from scheduler.models import Allocation, JobState
 from scheduler.transitions import job_transition
 from tests.monitoring.conftest import feed, hold, sample

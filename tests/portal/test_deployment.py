@@ -108,7 +108,7 @@ def test_production_starts_with_a_password_protected_redis():
 
 
 def test_production_uses_the_portal_postgresql_backend():
-    """Its health check costs no round trip (portal/db_backends/postgresql), and its name still
+    """Its health check costs no round trip (foundation/db_backends/postgresql), and its name still
     ends in "postgresql" for the settings that check it (prepared statements)."""
     result = _production(
         "import django; django.setup(); from django.conf import settings; "
@@ -117,4 +117,4 @@ def test_production_uses_the_portal_postgresql_backend():
         REDIS_URL="redis://:s3cret@redis.internal:6379/0",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["portal.db_backends.postgresql", "True", "5"]
+    assert result.stdout.split() == ["foundation.db_backends.postgresql", "True", "5"]

@@ -254,7 +254,7 @@ def test_a_batch_of_job_notices_reads_preferences_and_webhooks_once(
 def test_notices_of_many_transactions_wait_for_one_drain(
     team, fleet, django_capture_on_commit_callbacks
 ):
-    from portal.locks import lock_key, redis_client
+    from foundation.locks import lock_key, redis_client
     from scheduler.job_notices import NOTICES_QUEUED, NOTICES_REQUESTED, job_notices_drain
 
     member = team["member"]
@@ -296,7 +296,7 @@ def test_without_the_notices_list_a_batch_goes_as_its_own_task(team, monkeypatch
     import redis
     from django.conf import settings
 
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
     from scheduler import job_notices
 
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)

@@ -76,7 +76,7 @@ def test_audit_events_cannot_be_edited_or_deleted(make_user):
 def test_submit_rate_limit(team, fleet, api, monkeypatch):
     from rest_framework.throttling import ScopedRateThrottle
 
-    from portal import ratelimit
+    from foundation import ratelimit
 
     rates = {**ScopedRateThrottle.THROTTLE_RATES, "submit": "2/min"}
     monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", rates)
@@ -101,7 +101,7 @@ def test_fixed_window_counts_every_concurrent_hit_in_one_round_trip(monkeypatch)
     from django.core.cache import cache, caches
     from django.core.cache.backends.redis import RedisCache
 
-    from portal.ratelimit import window_hit
+    from foundation.ratelimit import window_hit
 
     assert isinstance(caches["default"], RedisCache)
 
@@ -126,7 +126,7 @@ def test_fixed_window_counts_every_concurrent_hit_in_one_round_trip(monkeypatch)
     for t in threads:
         t.join()
     assert sorted(counts) == list(range(1, 401))
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
 
     window_key = cache.make_and_validate_key(f"rl:{key}:{int(now // 60)}")
     assert 0 < redis_client().ttl(window_key) <= 61  # the cache's Redis, read as Redis
@@ -139,7 +139,7 @@ def test_several_windows_count_in_one_script_each_with_its_own_period(monkeypatc
     each with its own count, period and time to live; amounts add up (array shards)."""
     from django.core.cache import cache
 
-    from portal import ratelimit
+    from foundation import ratelimit
 
     now = 2_000_010.0
     monkeypatch.setattr(ratelimit, "clock", lambda: now)
@@ -147,7 +147,7 @@ def test_several_windows_count_in_one_script_each_with_its_own_period(monkeypatc
     assert ratelimit.window_hits([(a, 60), (b, 3600)]) == [(1, 30), (1, 1590)]
     assert ratelimit.window_hits([(a, 60), (b, 3600)]) == [(2, 30), (2, 1590)]
     assert ratelimit.window_hit(b, 3600, now=now, amount=5) == (7, 1590)
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
 
     client = redis_client()  # the cache's Redis (REDIS_URL), read as Redis
     for key, period in [(a, 60), (b, 3600)]:

@@ -82,7 +82,7 @@ def test_the_cache_vouches_for_a_token_at_most_agent_token_ttl(fleet):
     client = agent(fleet["tokens"]["h1"])
     client.post(SYNC, {}, format="json")
     key = cache.make_key(agent_token_key(agent_token_hash(fleet["tokens"]["h1"])))
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
 
     ttl = redis_client().ttl(key)  # the cache's Redis (REDIS_URL), read as Redis
     assert 0 < ttl <= AGENT_TOKEN_TTL_S == 30

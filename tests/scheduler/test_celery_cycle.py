@@ -52,7 +52,7 @@ def test_submission_triggers_a_cycle_on_the_worker(celery_live_worker, team, fle
 
 
 def test_cycle_is_single_flight(celery_live_worker, team, fleet):
-    from portal.locks import single_flight
+    from foundation.locks import single_flight
 
     with single_flight("scheduler-cycle", ttl=30) as held:
         assert held
@@ -62,7 +62,7 @@ def test_cycle_is_single_flight(celery_live_worker, team, fleet):
 
 @pytest.mark.django_db
 def test_cycle_requests_coalesce_while_one_is_queued(settings):
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
     from scheduler.cycle_requests import request_cycle
 
     queue = settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] + "scheduler"
@@ -79,7 +79,7 @@ def test_a_request_that_finds_a_cycle_running_is_served_after_it(
 ):
     """The running cycle may have read the queue before the job: another cycle follows it,
     with no beat and no further request (this test's worker runs no beat)."""
-    from portal.locks import single_flight
+    from foundation.locks import single_flight
 
     with CycleRuns() as runs, single_flight("scheduler-cycle", ttl=30) as held:
         assert held  # a cycle "running" elsewhere
@@ -97,7 +97,7 @@ def test_a_request_that_finds_a_cycle_running_is_served_after_it(
 def _cycle_queue(settings):  # type: ignore[no-untyped-def]
     from django.core.cache import cache
 
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
     from scheduler.cycle_requests import CYCLE_DIRTY, CYCLE_REQUESTED
 
     cache.delete_many([CYCLE_REQUESTED, CYCLE_DIRTY])
@@ -147,7 +147,7 @@ def test_a_job_submitted_during_a_pass_is_planned_by_the_same_task(
     celery_live_worker, team, fleet, api, settings
 ):
     """One task message for a burst: the running cycle plans again for what came meanwhile."""
-    from portal.locks import redis_client
+    from foundation.locks import redis_client
     from scheduler import ports
     from scheduler.admission import JobSpec, job_submit
 

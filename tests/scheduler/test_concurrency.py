@@ -8,7 +8,7 @@ from collections import defaultdict
 import pytest
 from django.db import connection
 
-from portal.locks import single_flight
+from foundation.locks import single_flight
 from scheduler.admission import JobSpec, job_submit
 from scheduler.cycle import run_cycle
 from scheduler.models import Allocation, Gpu

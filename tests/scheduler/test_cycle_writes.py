@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from portal.db import bulk_update_rows, insert_rows
+from foundation.db import bulk_update_rows, insert_rows
 from scheduler.admission import JobSpec, job_cancel, job_submit
 from scheduler.core.plan import plan
 from scheduler.cycle import apply_plan, build_state, policy_config, record_pending, ts

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework import serializers
 
-from portal.api.plainparse import PlainParser
+from foundation.plainparse import PlainParser
 from scheduler.api.jobs import SUBMIT_PARSER, JobCreateSerializer
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ import redis
 from django.conf import settings as django_settings
 from rest_framework.test import APIClient
 
-from portal import push
+from foundation import push
 from portal.services import token_create
 from scheduler.models import Job, JobState, Node
 from tests.polling import wait_for

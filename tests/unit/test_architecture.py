@@ -249,7 +249,7 @@ def test_the_allowed_direction_has_no_cycle_and_keeps_the_plumbing_at_the_bottom
 
 
 def test_services_never_import_tasks():
-    """Tasks import services; services queue tasks by name (portal/enqueue.py)."""
+    """Tasks import services; services queue tasks by name (foundation/enqueue.py)."""
     wrong = [
         f"{source} imports {target}"
         for source, targets in sorted(import_graph().items())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from portal.clientip import parse_networks, resolve_client_addr
-from portal.params import whole_number
+from foundation.clientip import parse_networks, resolve_client_addr
+from foundation.params import whole_number
 
 TRUSTED = parse_networks(["10.0.0.0/8", "127.0.0.1"])
 

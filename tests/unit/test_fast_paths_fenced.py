@@ -66,13 +66,13 @@ def fast_paths_in(source: str) -> set[str]:
 # Every fast-path module outside foundation/, and the benchmark its text cites.
 FENCED: dict[str, str] = {
     # the plumbing, until it moves into foundation/ (issue 26)
-    "portal/db.py": "bench.fast_paths",
-    "portal/cache.py": "bench.fast_paths",
-    "portal/ratelimit.py": "bench.fast_paths",
-    "portal/redis_after_commit.py": "bench.fast_paths",
-    "portal/api/fastjson.py": "bench.json_cost",
-    "portal/api/plainparse.py": "bench.fast_paths",
-    "portal/db_backends/postgresql/base.py": "bench.fast_paths",
+    "foundation/db.py": "bench.fast_paths",
+    "foundation/cache.py": "bench.fast_paths",
+    "foundation/ratelimit.py": "bench.fast_paths",
+    "foundation/redis_after_commit.py": "bench.fast_paths",
+    "foundation/fastjson.py": "bench.json_cost",
+    "foundation/plainparse.py": "bench.fast_paths",
+    "foundation/db_backends/postgresql/base.py": "bench.fast_paths",
     # compiled reads beside their callers
     "portal/selectors.py": "bench.submit_throughput",
     "scheduler/cycle/reads.py": "bench.fast_paths",
@@ -140,10 +140,10 @@ def test_architecture_names_exactly_the_fenced_modules():
 
 def test_the_fence_sees_through_aliases_other_names_and_comments():
     """The variations a text search missed: each is found, and a mention is not a use."""
-    assert fast_paths_in("from portal.db import CompiledQuery as CQ\nq = CQ(None)") == {
+    assert fast_paths_in("from foundation.db import CompiledQuery as CQ\nq = CQ(None)") == {
         "compiled read"
     }
-    assert fast_paths_in("from portal import db\nq = db.CompiledQuery(None)") == {"compiled read"}
+    assert fast_paths_in("from foundation import db\nq = db.CompiledQuery(None)") == {"compiled read"}
     raw = "from django.db import connection\nwith connection.cursor() as cur:\n    cur.execute(sql)"
     assert fast_paths_in(raw) == {"raw SQL"}
     assert fast_paths_in("rows = Job.objects.raw(sql)") == {"raw SQL"}

@@ -1,4 +1,4 @@
-"""The pushed-updates stream (web/events.py) and what publishes to it (portal/push.py)."""
+"""The pushed-updates stream (web/events.py) and what publishes to it (foundation/push.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from django.db import transaction
 from django.test import AsyncClient
 from django.utils import timezone
 
+from foundation import push
 from monitoring.ingest import ingest_samples
-from portal import push
 from scheduler.admission import job_cancel
 from scheduler.cycle import run_cycle
 from scheduler.models import Allocation, Job

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from portal.enqueue import enqueue
+from foundation.enqueue import enqueue
 from scheduler.models import Quota, QuotaModelLimit, SlurmPool
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.db import bulk_update_rows
+from foundation.db import bulk_update_rows
 from scheduler.backends.slurm.client import SlurmError, cluster_for
 from scheduler.backends.slurm.models import SlurmJob
 from scheduler.backends.slurm.nodes import hostlist, mirror_name, parse_indexes, sync_nodes

@@ -1,7 +1,7 @@
 """Redis commands sent once the current transaction commits, in one round trip where they
 are queued one after another.
 
-A submit publishes its push message (`portal.push`) and asks for a scheduling cycle
+A submit publishes its push message (`foundation.push`) and asks for a scheduling cycle
 (`scheduler.cycle_requests`) after it commits: two commands on the cache's Redis, which cost
 two round trips when each sends its own. Commands queued here go out pipelined (no MULTI: each
 stands alone, as when sent one by one) by one `on_commit` hook, in the order queued; each

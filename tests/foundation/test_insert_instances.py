@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.forms.models import model_to_dict
 
+from foundation.db import insert_instances
 from portal.audit import audit_record
-from portal.db import insert_instances
 from portal.models import AuditEvent
 from scheduler.models import Job, JobEvent, JobState
 
@@ -93,7 +93,7 @@ def test_an_audit_event_is_written_whole(team):
 
 
 def test_a_large_batch_goes_to_bulk_create_and_still_gets_its_keys(team, fleet):
-    from portal.db import _INSERT_SQL, INSERT_SQL_MAX_ROWS
+    from foundation.db import _INSERT_SQL, INSERT_SQL_MAX_ROWS
 
     job = a_job(team, fleet)
     job.save()

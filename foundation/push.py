@@ -35,7 +35,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from portal.redis_after_commit import after_commit, redis_cache
+from foundation.redis_after_commit import after_commit, redis_cache
 
 _clients: dict[str, redis.Redis] = {}
 
@@ -98,7 +98,7 @@ def publish(messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
     """Publish `(channel, message)` pairs once the current transaction commits (at once
     outside one), so a page that fetches on hearing it sees the committed state. On the
     cache's Redis (the same server; pub/sub ignores database numbers), in the round trip of
-    after-commit commands queued just before or after them (`portal.redis_after_commit`;
+    after-commit commands queued just before or after them (`foundation.redis_after_commit`;
     never ahead of an `on_commit` hook registered before them)."""
     if not enabled():
         return

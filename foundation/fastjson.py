@@ -4,7 +4,7 @@ DRF parses and renders JSON with the standard library's `json` module, a few per
 workers' CPU (heartbeats' telemetry in, job answers out). orjson does the same work several times
 faster, but not always to the same result, so each class here takes orjson's answer only where
 it is provably DRF's, and otherwise hands the input to DRF's class, which then answers (or fails)
-exactly as before. tests/portal/test_fastjson.py holds them to DRF's classes over tables of inputs.
+exactly as before. tests/foundation/test_fastjson.py holds them to DRF's classes over tables of inputs.
 
 Fast path, justified by `bench.json_cost` (docs/benchmarks.md: DRF's classes 2.0x to 3.3x the
 CPU of these on heartbeats, job answers and pages).

@@ -1,4 +1,4 @@
-"""portal.api.fastjson answers exactly what DRF's JSON parser and renderer answer: the same bytes,
+"""foundation.fastjson answers exactly what DRF's JSON parser and renderer answer: the same bytes,
 the same data, the same error (type and message), over tables of inputs and generated ones."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rest_framework import parsers, renderers, serializers
 from rest_framework.exceptions import ErrorDetail, ParseError
 from rest_framework.utils.serializer_helpers import ReturnDict, ReturnList
 
-from portal.api import fastjson
+from foundation import fastjson
 from portal.api.schema import StrictJSONParser
 
 UTC = datetime.UTC

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from django.db import transaction
 
-from portal import redis_after_commit
-from portal.redis_after_commit import after_commit, redis_cache
+from foundation import redis_after_commit
+from foundation.redis_after_commit import after_commit, redis_cache
 
 pytestmark = pytest.mark.django_db(transaction=True)  # real commits run the hooks
 

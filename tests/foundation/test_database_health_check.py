@@ -1,4 +1,4 @@
-"""The PostgreSQL health check (portal/db_backends/postgresql): no round trip for a live
+"""The PostgreSQL health check (foundation/db_backends/postgresql): no round trip for a live
 connection, and a connection the server ended is noticed and replaced before a request uses it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.db import DatabaseError, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.base import DatabaseWrapper as DjangoDatabaseWrapper
 
-from portal.db_backends.postgresql.base import DatabaseWrapper as PortalDatabaseWrapper
+from foundation.db_backends.postgresql.base import DatabaseWrapper as PortalDatabaseWrapper
 from portal.models import Project
 from tests.polling import wait_for
 

@@ -1,4 +1,4 @@
-"""The Redis cache backend keeps one client per connection pool (portal/cache.py)."""
+"""The Redis cache backend keeps one client per connection pool (foundation/cache.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 
 from django.core.cache import cache, caches
 
-from portal.cache import RedisCache
+from foundation.cache import RedisCache
 
 
 def test_the_default_cache_reuses_its_redis_client() -> None:

@@ -9,7 +9,7 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from portal.db import AnyOf, CompiledQuery, EpochSeconds
+from foundation.db import AnyOf, CompiledQuery, EpochSeconds
 from portal.models import Project
 from scheduler.models import Node
 

@@ -530,7 +530,7 @@ class CompiledQuery(Generic[RowT]):
 def database_round_trip() -> None:
     """Ask the database server for an answer now (`/readyz`): `SELECT 1` on the default
     connection, replaced first if the server ended it, as in any request. Connections' own
-    health checks make no round trip on PostgreSQL (portal/db_backends/postgresql)."""
+    health checks make no round trip on PostgreSQL (foundation/db_backends/postgresql)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         if cursor.fetchone() != (1,):

@@ -28,7 +28,7 @@ import django
 django.setup()
 from celery import current_app
 assert "scheduler.cycle" not in current_app.tasks, "imported already: the probe proves nothing"
-from portal.enqueue import task_named
+from foundation.enqueue import task_named
 print(task_named("scheduler.cycle").name, task_named("billing.send_invoice_email").name)
 """
 
@@ -45,7 +45,7 @@ import django
 django.setup()
 from celery import current_app
 assert "scheduler.cycle" not in current_app.tasks, "imported already: the probe proves nothing"
-from portal.enqueue import task_named
+from foundation.enqueue import task_named
 names, errors = [], []
 start = threading.Barrier(8)
 def ask():
@@ -76,7 +76,7 @@ import django
 django.setup()
 from celery import current_app
 import celery.fixups.django as fixup
-from portal.enqueue import tasks_import
+from foundation.enqueue import tasks_import
 
 def checks_ran(self):
     raise SystemExit("Django's system checks ran")
