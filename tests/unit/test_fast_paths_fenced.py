@@ -65,14 +65,6 @@ def fast_paths_in(source: str) -> set[str]:
 
 # Every fast-path module outside foundation/, and the benchmark its text cites.
 FENCED: dict[str, str] = {
-    # the plumbing, until it moves into foundation/ (issue 26)
-    "foundation/db.py": "bench.fast_paths",
-    "foundation/cache.py": "bench.fast_paths",
-    "foundation/ratelimit.py": "bench.fast_paths",
-    "foundation/redis_after_commit.py": "bench.fast_paths",
-    "foundation/fastjson.py": "bench.json_cost",
-    "foundation/plainparse.py": "bench.fast_paths",
-    "foundation/db_backends/postgresql/base.py": "bench.fast_paths",
     # compiled reads beside their callers
     "portal/selectors.py": "bench.submit_throughput",
     "scheduler/cycle/reads.py": "bench.fast_paths",
