@@ -34,7 +34,7 @@ lint: venv ## ruff (lint and format check)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: venv ## mypy on the typed packages (strict for scheduler.core)
-	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy config web foundation portal scheduler billing monitoring agent
+	DJANGO_SECRET_KEY=typecheck $(VENV)/bin/mypy config web foundation portal storage scheduler billing monitoring agent
 	cd cli && $(abspath $(VENV))/bin/mypy --strict --config-file= gpucloud_cli
 
 migrations-check: venv ## Fail if a model change has no migration

@@ -135,7 +135,9 @@ def test_the_fence_sees_through_aliases_other_names_and_comments():
     assert fast_paths_in("from foundation.db import CompiledQuery as CQ\nq = CQ(None)") == {
         "compiled read"
     }
-    assert fast_paths_in("from foundation import db\nq = db.CompiledQuery(None)") == {"compiled read"}
+    assert fast_paths_in("from foundation import db\nq = db.CompiledQuery(None)") == {
+        "compiled read"
+    }
     raw = "from django.db import connection\nwith connection.cursor() as cur:\n    cur.execute(sql)"
     assert fast_paths_in(raw) == {"raw SQL"}
     assert fast_paths_in("rows = Job.objects.raw(sql)") == {"raw SQL"}
