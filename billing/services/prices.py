@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -255,8 +256,6 @@ def storage_price_publish(
 ) -> StoragePrice:
     """Add a storage price version (per GB-month), as `price_publish` does for GPUs: from now
     on only (metered storage is never repriced), at a whole second, never an edit."""
-    from billing.services.storage_metering import storage_price_seed
-
     now = now or timezone.now()
     effective_from = pricing.floor_second(effective_from)
     if effective_from < pricing.floor_second(now):
@@ -281,3 +280,18 @@ def storage_price_publish(
         data={"effective_from": effective_from.isoformat(), "per_gib_month": str(per_gib_month)},
     )
     return version
+
+
+def storage_price_seed() -> StoragePrice:
+    """The default storage price (settings) in effect since long ago, unless one exists."""
+    price = StoragePrice.objects.order_by("effective_from").first()
+    if price is not None:
+        return price
+    price, _ = StoragePrice.objects.get_or_create(
+        effective_from=PRICE_EPOCH,
+        defaults={
+            "per_gib_month": Decimal(str(settings.STORAGE_PRICE_PER_GB_MONTH)),
+            "note": "Default storage price",
+        },
+    )
+    return price

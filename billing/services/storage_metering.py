@@ -18,7 +18,6 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import NamedTuple
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
@@ -28,7 +27,7 @@ from billing.models import Invoice, StoragePrice, StorageUsageRecord
 from billing.pricing import period_of
 from billing.services.accounts import accounts_for_projects
 from billing.services.metering import _open_pages
-from billing.services.prices import PRICE_EPOCH
+from billing.services.prices import storage_price_seed
 from foundation.db import insert_rows
 from storage.models import Volume, VolumeKind
 
@@ -63,21 +62,6 @@ class _Meterable(NamedTuple):
     created_at: datetime
     deleted_at: datetime | None
     until: datetime | None  # None: never metered
-
-
-def storage_price_seed() -> StoragePrice:
-    """The default storage price (settings) in effect since long ago, unless one exists."""
-    price = StoragePrice.objects.order_by("effective_from").first()
-    if price is not None:
-        return price
-    price, _ = StoragePrice.objects.get_or_create(
-        effective_from=PRICE_EPOCH,
-        defaults={
-            "per_gib_month": Decimal(str(settings.STORAGE_PRICE_PER_GB_MONTH)),
-            "note": "Default storage price",
-        },
-    )
-    return price
 
 
 class _Prices:
