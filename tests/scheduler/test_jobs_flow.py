@@ -546,7 +546,7 @@ def test_the_form_mounts_volumes_and_puts_a_host_path_next_to_its_field(lab, cli
     client.force_login(lab["member"])
     for fields, field, words in [
         ({"working_dir": "/root"}, "working_dir", "never a host path"),
-        ({"checkpoint": "/root/ckpt"}, "checkpoint", "host path is never accepted"),
+        ({"checkpoint": "/srv/ckpt"}, "checkpoint", "host path is never accepted"),
         ({"volumes": "ds:/in"}, "volumes", "dataset"),
         ({"volumes": "ds:in"}, "volumes", "Line 1"),
         ({"volumes": "theirs"}, "volumes", "no volume named 'theirs'"),

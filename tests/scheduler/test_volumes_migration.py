@@ -36,19 +36,19 @@ def test_old_host_paths_are_kept_to_read_and_never_sent_again():
         project = Project.objects.create(slug="old", name="Old")
         both = OldJob.objects.create(
             project=project, submitted_by=user, name="a", command="true",
-            checkpoint_dir="/root/ckpt", working_dir="/root",
+            checkpoint_dir="/srv/ckpt", working_dir="/root",
         )  # fmt: skip
         plain = OldJob.objects.create(project=project, submitted_by=user, name="b", command="x")
         template = OldTemplate.objects.create(
             project=project, created_by=user, name="t",
-            body={"name": "a", "command": "true", "checkpoint_dir": "/root/ckpt",
+            body={"name": "a", "command": "true", "checkpoint_dir": "/srv/ckpt",
                   "working_dir": "/root"},
         )  # fmt: skip
 
         _migrate(_leaves())
 
         job = Job.objects.get(pk=both.pk)
-        assert job.legacy_host_paths == {"checkpoint_dir": "/root/ckpt", "working_dir": "/root"}
+        assert job.legacy_host_paths == {"checkpoint_dir": "/srv/ckpt", "working_dir": "/root"}
         assert (job.working_dir, job.checkpoint, job.volumes) == ("", "", [])
         assert not job.has_checkpoint
         assert Job.objects.get(pk=plain.pk).legacy_host_paths == {}

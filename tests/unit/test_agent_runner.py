@@ -200,13 +200,13 @@ def test_the_process_really_gets_that_env_and_cwd(runner: Runner, tmp_path: Path
 
 
 def test_a_job_that_cannot_start_is_reported(runner: Runner, tmp_path: Path) -> None:
-    job = runner.start(assignment(command="true", working_dir="/work/../etc"))
+    job = runner.start(assignment(command="true", working_dir="/srv/../etc"))
     assert job.finished and not runner.jobs
     (exited,) = runner.outbox
     assert exited.kind == "exited"
     assert exited.body["reason"] == "failed_to_start"
     assert exited.body["exit_code"] is None
-    assert "working_dir '/work/../etc' is not a usable path" in exited.body["message"]
+    assert "working_dir '/srv/../etc' is not a usable path" in exited.body["message"]
 
 
 def test_forget_stops_the_attempt_and_reports_nothing_more(runner: Runner) -> None:
