@@ -31,6 +31,8 @@ from tests import polling
 IMAGE = os.environ.get("RUNTIME_TEST_IMAGE", "")
 BASE = 200_000
 GID_BASE = 300_000
+# The host directory the review handed to a tenant (`workingDir: /root`): root's home on any host.
+HOST_ROOT = Path("/root")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
 needs_engine = pytest.mark.skipif(
     not IMAGE,
@@ -107,7 +109,7 @@ def test_a_job_naming_root_as_its_working_and_checkpoint_dir_gets_its_own_worksp
     before = fingerprint(Path("/root"))
     a = assignment(
         51,
-        'pwd; echo "ckpt=$CHECKPOINT_DIR"; touch /root/owned-by-a-tenant && echo WROTE-ROOT',
+        f'pwd; echo "ckpt=$CHECKPOINT_DIR"; touch {HOST_ROOT}/owned-by-a-tenant && echo WROTE-ROOT',
         working_dir="/root",
         checkpoint_dir="/root",
         env={"CHECKPOINT_DIR": "/root"},
@@ -119,7 +121,7 @@ def test_a_job_naming_root_as_its_working_and_checkpoint_dir_gets_its_own_worksp
     assert lines[1] == "ckpt="
     assert "WROTE-ROOT" not in lines
     assert fingerprint(Path("/root")) == before  # never chowned nor chmodded
-    assert not Path("/root/owned-by-a-tenant").exists()
+    assert not (HOST_ROOT / "owned-by-a-tenant").exists()
 
 
 @needs_root
@@ -564,7 +566,7 @@ def test_a_container_job_naming_host_paths_gets_only_its_workspace(containers: R
     wait_for(lambda: 153 in exits(containers), containers, timeout=60)
     assert "OK" in output(containers, 153)
     assert fingerprint(Path("/root")) == before
-    assert not Path("/root/mine").exists()
+    assert not (HOST_ROOT / "mine").exists()
 
 
 def test_the_process_runtime_path_is_honest_about_read_only(runner: Runner) -> None:
